@@ -1,0 +1,8 @@
+//! The claim domain: validated inputs, runs, outcomes and the lease decision
+//! table ([`decide`]). Nothing here does I/O.
+
+mod decide;
+mod types;
+
+pub use decide::{decide, decide_release, decide_renew, excludes, Decision, ReleaseDecision};
+pub use types::*;

@@ -1,0 +1,457 @@
+//! Client subcommands: thin wrappers over the gRPC API that print text or JSON.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::json;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use super::{ClientOpts, EXIT_NOT_WON};
+use crate::error::status_reason;
+use crate::proto as pb;
+
+/// Adds `authorization: Bearer <token>` when a token is configured.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type ClaimsClient = pb::claims_client::ClaimsClient<InterceptedService<Channel, Bearer>>;
+pub type MeshClient = pb::mesh_client::MeshClient<InterceptedService<Channel, Bearer>>;
+
+/// Connects to the sidecar at `opts.server`.
+pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshClient)> {
+    let bearer = match &opts.auth_token_file {
+        Some(p) => {
+            let t = std::fs::read_to_string(p)?;
+            Some(MetadataValue::try_from(format!("Bearer {}", t.trim()))?)
+        }
+        None => None,
+    };
+    let uri = if opts.server.contains("://") {
+        opts.server.clone()
+    } else {
+        format!("http://{}", opts.server)
+    };
+    let channel = Channel::from_shared(uri)?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the sidecar at {}: {e}", opts.server))?;
+    Ok((
+        pb::claims_client::ClaimsClient::with_interceptor(channel.clone(), Bearer(bearer.clone())),
+        pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
+    ))
+}
+
+/// Parses `--slot`: epoch milliseconds, or `now`.
+pub fn parse_slot(s: &str) -> Result<i64, String> {
+    if s == "now" {
+        return Ok(crate::claim::host_now_ms());
+    }
+    s.parse::<i64>()
+        .map_err(|_| format!("{s:?} is not epoch milliseconds or `now`"))
+}
+
+/// Prints a gRPC error (text or JSON) and returns exit status 1.
+pub fn print_status(json: bool, st: &Status) -> ExitCode {
+    let reason = status_reason(st).unwrap_or_default();
+    if json {
+        println!(
+            "{}",
+            json!({"error": {"code": format!("{:?}", st.code()), "reason": reason, "message": st.message()}})
+        );
+    } else {
+        eprintln!("anarchon: {:?}: {}", st.code(), st.message());
+    }
+    ExitCode::FAILURE
+}
+
+fn fail(json: bool, e: anyhow::Error) -> ExitCode {
+    if json {
+        println!(
+            "{}",
+            json!({"error": {"code": "Unavailable", "message": format!("{e:#}")}})
+        );
+    } else {
+        eprintln!("anarchon: {e:#}");
+    }
+    ExitCode::FAILURE
+}
+
+pub fn outcome_name(o: i32) -> &'static str {
+    match pb::Outcome::try_from(o) {
+        Ok(pb::Outcome::Won) => "WON",
+        Ok(pb::Outcome::Lost) => "LOST",
+        Ok(pb::Outcome::Running) => "RUNNING",
+        Ok(pb::Outcome::Done) => "DONE",
+        Ok(pb::Outcome::Late) => "LATE",
+        Ok(pb::Outcome::Overlap) => "OVERLAP",
+        _ => "UNSPECIFIED",
+    }
+}
+
+fn state_name(s: i32) -> &'static str {
+    match pb::RunState::try_from(s) {
+        Ok(pb::RunState::Running) => "RUNNING",
+        Ok(pb::RunState::Succeeded) => "SUCCEEDED",
+        Ok(pb::RunState::Failed) => "FAILED",
+        Ok(pb::RunState::Interrupted) => "INTERRUPTED",
+        Ok(pb::RunState::Claimed) => "CLAIMED",
+        _ => "UNSPECIFIED",
+    }
+}
+
+/// Options of a claim, shared by `claim` and `hold`.
+#[derive(Debug, Clone, Args)]
+pub struct ClaimOpts {
+    /// The job name.
+    pub job: String,
+    /// The slot: epoch milliseconds, or `now`. 0 is a lock not tied to time.
+    #[arg(long, default_value = "0", value_parser = parse_slot)]
+    pub slot: i64,
+    /// Resend with this token (32 hex) instead of a new one.
+    #[arg(long)]
+    pub token: Option<String>,
+    #[arg(long)]
+    pub lease_ms: Option<i64>,
+    #[arg(long)]
+    pub max_late_ms: Option<i64>,
+    /// allow or skip.
+    #[arg(long)]
+    pub overlap: Option<String>,
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// Wait up to this long for a running run to become free.
+    #[arg(long)]
+    pub wait_ms: Option<i64>,
+}
+
+impl ClaimOpts {
+    pub fn request(&self) -> Result<pb::ClaimRequest, String> {
+        let overlap = match self
+            .overlap
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None => pb::Overlap::Unspecified,
+            Some("allow") => pb::Overlap::Allow,
+            Some("skip") => pb::Overlap::Skip,
+            Some(o) => return Err(format!("--overlap {o:?}: expected allow or skip")),
+        };
+        Ok(pb::ClaimRequest {
+            job: self.job.clone(),
+            slot_ms: self.slot,
+            token: self.token.clone().unwrap_or_default(),
+            lease_ms: self.lease_ms.unwrap_or(0),
+            max_late_ms: self.max_late_ms.unwrap_or(0),
+            overlap: overlap as i32,
+            max_attempts: self.max_attempts.unwrap_or(0),
+            wait_ms: self.wait_ms.unwrap_or(0),
+        })
+    }
+}
+
+pub fn claim_json(r: &pb::ClaimResponse) -> serde_json::Value {
+    json!({
+        "outcome": outcome_name(r.outcome),
+        "token": r.token,
+        "attempt": r.attempt,
+        "fencing": r.fencing,
+        "lease_until_ms": r.lease_until_ms,
+        "valid_for_ms": r.valid_for_ms,
+        "holder": r.holder.as_ref().map(|h| json!({"node": h.node, "instance": h.instance})),
+        "backend": r.backend,
+        "reason": r.reason,
+    })
+}
+
+pub fn claim_text(job: &str, slot: i64, r: &pb::ClaimResponse) -> String {
+    let mut s = format!("{} job={job} slot={slot}", outcome_name(r.outcome));
+    if r.attempt > 0 {
+        s += &format!(" attempt={}", r.attempt);
+    }
+    if !r.token.is_empty() {
+        s += &format!(
+            " fencing={} token={} valid_for={}ms",
+            r.fencing, r.token, r.valid_for_ms
+        );
+    }
+    if let Some(h) = &r.holder {
+        s += &format!(" holder={}/{}", h.node, h.instance);
+    }
+    if !r.reason.is_empty() {
+        s += &format!(" reason={}", r.reason);
+    }
+    s
+}
+
+#[derive(Debug, Args)]
+pub struct ClaimArgs {
+    #[command(flatten)]
+    pub claim: ClaimOpts,
+    #[command(flatten)]
+    pub client: ClientOpts,
+}
+
+pub async fn claim(a: ClaimArgs) -> ExitCode {
+    let json = a.client.json;
+    let req = match a.claim.request() {
+        Ok(r) => r,
+        Err(e) => return fail(json, anyhow::anyhow!(e)),
+    };
+    let (mut c, _) = match connect(&a.client).await {
+        Ok(c) => c,
+        Err(e) => return fail(json, e),
+    };
+    match c.claim(req).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            if json {
+                println!("{}", claim_json(&r));
+            } else {
+                println!("{}", claim_text(&a.claim.job, a.claim.slot, &r));
+            }
+            if r.outcome == pb::Outcome::Won as i32 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_NOT_WON)
+            }
+        }
+        Err(st) => print_status(json, &st),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    pub job: String,
+    #[arg(long, value_parser = parse_slot)]
+    pub slot: i64,
+    #[arg(long)]
+    pub token: String,
+    #[arg(long)]
+    pub lease_ms: Option<i64>,
+    #[command(flatten)]
+    pub client: ClientOpts,
+}
+
+pub async fn renew(a: RenewArgs) -> ExitCode {
+    let json = a.client.json;
+    let (mut c, _) = match connect(&a.client).await {
+        Ok(c) => c,
+        Err(e) => return fail(json, e),
+    };
+    let req = pb::RenewRequest {
+        job: a.job.clone(),
+        slot_ms: a.slot,
+        token: a.token,
+        lease_ms: a.lease_ms.unwrap_or(0),
+    };
+    match c.renew(req).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            if json {
+                println!(
+                    "{}",
+                    json!({"lease_until_ms": r.lease_until_ms, "attempt": r.attempt, "valid_for_ms": r.valid_for_ms, "fencing": r.fencing})
+                );
+            } else {
+                println!(
+                    "RENEWED job={} slot={} attempt={} valid_for={}ms",
+                    a.job, a.slot, r.attempt, r.valid_for_ms
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(st) => print_status(json, &st),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    pub job: String,
+    #[arg(long, value_parser = parse_slot)]
+    pub slot: i64,
+    #[arg(long)]
+    pub token: String,
+    /// Record the run as FAILED instead of SUCCEEDED.
+    #[arg(long)]
+    pub failed: bool,
+    #[command(flatten)]
+    pub client: ClientOpts,
+}
+
+pub async fn release(a: ReleaseArgs) -> ExitCode {
+    let json = a.client.json;
+    let (mut c, _) = match connect(&a.client).await {
+        Ok(c) => c,
+        Err(e) => return fail(json, e),
+    };
+    let result = if a.failed {
+        pb::ReleaseResult::Failed
+    } else {
+        pb::ReleaseResult::Succeeded
+    };
+    let req = pb::ReleaseRequest {
+        job: a.job.clone(),
+        slot_ms: a.slot,
+        token: a.token,
+        result: result as i32,
+    };
+    match c.release(req).await {
+        Ok(_) => {
+            let result = if a.failed { "FAILED" } else { "SUCCEEDED" };
+            if json {
+                println!("{}", json!({"released": true, "result": result}));
+            } else {
+                println!("RELEASED job={} slot={} result={result}", a.job, a.slot);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(st) => print_status(json, &st),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    pub job: String,
+    #[arg(long, default_value_t = 20)]
+    pub limit: u32,
+    /// Only slots before this one (paging).
+    #[arg(long)]
+    pub before: Option<i64>,
+    #[command(flatten)]
+    pub client: ClientOpts,
+}
+
+pub async fn history(a: HistoryArgs) -> ExitCode {
+    let json = a.client.json;
+    let (mut c, _) = match connect(&a.client).await {
+        Ok(c) => c,
+        Err(e) => return fail(json, e),
+    };
+    let req = pb::HistoryRequest {
+        job: a.job.clone(),
+        limit: a.limit,
+        before_slot_ms: a.before,
+    };
+    match c.history(req).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            if json {
+                let runs: Vec<_> = r
+                    .runs
+                    .iter()
+                    .map(|x| {
+                        json!({
+                            "slot_ms": x.slot_ms, "attempt": x.attempt, "state": state_name(x.state),
+                            "holder": x.holder.as_ref().map(|h| json!({"node": h.node, "instance": h.instance})),
+                            "claimed_at_ms": x.claimed_at_ms, "finished_at_ms": x.finished_at_ms,
+                            "lease_until_ms": x.lease_until_ms, "fencing": x.fencing,
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"runs": runs, "backend": r.backend, "retention": r.retention, "complete": r.complete, "note": r.note})
+                );
+            } else {
+                println!(
+                    "{:<15} {:>7} {:<12} {:<45} {:>15} {:>15}",
+                    "SLOT", "ATTEMPT", "STATE", "HOLDER", "CLAIMED_AT", "FINISHED_AT"
+                );
+                for x in &r.runs {
+                    let h = x
+                        .holder
+                        .as_ref()
+                        .map(|h| format!("{}/{}", h.node, h.instance))
+                        .unwrap_or_default();
+                    println!(
+                        "{:<15} {:>7} {:<12} {:<45} {:>15} {:>15}",
+                        x.slot_ms,
+                        x.attempt,
+                        state_name(x.state),
+                        h,
+                        x.claimed_at_ms,
+                        x.finished_at_ms
+                    );
+                }
+                println!("# backend {}: {}", r.backend, r.retention);
+                if !r.note.is_empty() {
+                    println!("# {}", r.note);
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(st) => print_status(json, &st),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PeersArgs {
+    #[command(flatten)]
+    pub client: ClientOpts,
+}
+
+pub async fn peers(a: PeersArgs) -> ExitCode {
+    let json = a.client.json;
+    let (_, mut m) = match connect(&a.client).await {
+        Ok(c) => c,
+        Err(e) => return fail(json, e),
+    };
+    match m.list_peers(pb::ListPeersRequest {}).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            let all: Vec<&pb::Peer> = r.self_.iter().chain(r.peers.iter()).collect();
+            if json {
+                let v: Vec<_> = all
+                    .iter()
+                    .map(|p| {
+                        json!({"node": p.node, "instance": p.instance, "restarts": p.restarts,
+                               "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name()).unwrap_or("?"),
+                               "link": pb::Link::try_from(p.link).map(|s| s.as_str_name()).unwrap_or("?"),
+                               "beat": p.beat, "beat_age_ms": p.beat_age_ms, "address": p.address})
+                    })
+                    .collect();
+                println!("{}", json!({"peers": v}));
+            } else {
+                println!(
+                    "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} ADDRESS",
+                    "NODE", "INSTANCE", "RESTARTS", "STATE", "LINK", "BEAT"
+                );
+                for p in all {
+                    let state = pb::PeerState::try_from(p.state)
+                        .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
+                        .unwrap_or("?");
+                    let link = pb::Link::try_from(p.link)
+                        .map(|s| s.as_str_name().trim_start_matches("LINK_"))
+                        .unwrap_or("?");
+                    println!(
+                        "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}",
+                        p.node,
+                        p.instance,
+                        p.restarts,
+                        state,
+                        link,
+                        format!("{:.1}s ago", p.beat_age_ms as f64 / 1000.0),
+                        p.address
+                    );
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(st) => print_status(json, &st),
+    }
+}

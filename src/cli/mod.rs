@@ -1,0 +1,87 @@
+//! The command line: `serve`, the client subcommands and `bench`.
+//!
+//! Exit statuses: 0 success (or `WON`), 1 error, 2 usage, 3 not won,
+//! 4 lease lost (`hold`), 64 invalid configuration; `hold` otherwise exits
+//! with its command's status.
+
+mod client;
+mod hold;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use client::{connect, print_status};
+
+/// Exit status when a claim was answered but not won.
+pub const EXIT_NOT_WON: u8 = 3;
+/// Exit status when `hold` lost its lease while the command ran.
+pub const EXIT_LEASE_LOST: u8 = 4;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "anarchon",
+    version,
+    about = "Tells a fleet who owns a piece of work and who is alive.",
+    after_help = "Run `anarchon serve` next to each application instance (SQLite, no setup), then e.g.\n  anarchon claim nightly-report --slot now\n  anarchon hold nightly-report --slot now -- ./report.sh"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the sidecar.
+    Serve(Box<serve::ServeArgs>),
+    /// Claim a (job, slot); exits 0 when WON, 3 otherwise.
+    Claim(client::ClaimArgs),
+    /// Extend the lease of a run you hold.
+    Renew(client::RenewArgs),
+    /// Mark a run you hold finished.
+    Release(client::ReleaseArgs),
+    /// Show the runs of a job, newest first.
+    History(client::HistoryArgs),
+    /// Claim, run CMD while renewing, release with its exit status.
+    Hold(hold::HoldArgs),
+    /// List this sidecar's view of the mesh.
+    Peers(client::PeersArgs),
+}
+
+/// Options every client subcommand takes.
+#[derive(Debug, Clone, Args)]
+pub struct ClientOpts {
+    /// The sidecar's gRPC address.
+    #[arg(long, default_value = "127.0.0.1:50051", env = "ANARCHON_SERVER")]
+    pub server: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// A file holding the bearer token the sidecar requires.
+    #[arg(long, env = "ANARCHON_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+}
+
+pub fn main(cli: Cli) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("anarchon: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Serve(args) => serve::serve(&rt, *args),
+        Command::Claim(a) => rt.block_on(client::claim(a)),
+        Command::Renew(a) => rt.block_on(client::renew(a)),
+        Command::Release(a) => rt.block_on(client::release(a)),
+        Command::History(a) => rt.block_on(client::history(a)),
+        Command::Hold(a) => rt.block_on(hold::hold(a)),
+        Command::Peers(a) => rt.block_on(client::peers(a)),
+    }
+}

@@ -1,0 +1,5 @@
+//! The mesh: identity now; heartbeats, liveness and links plug in here.
+
+pub mod identity;
+
+pub use identity::Identity;

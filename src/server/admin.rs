@@ -1,0 +1,49 @@
+//! The admin HTTP server: `/healthz`, `/readyz`, `/metrics`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+use super::metrics::Metrics;
+use crate::store::DynStore;
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub store: DynStore,
+    pub metrics: Arc<Metrics>,
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+    match s.store.ping().await {
+        Ok(()) => {
+            s.metrics.store_up.set(1);
+            (StatusCode::OK, "ready\n".to_string())
+        }
+        Err(e) => {
+            s.metrics.store_up.set(0);
+            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n"))
+        }
+    }
+}
+
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+}

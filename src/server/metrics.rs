@@ -1,0 +1,110 @@
+//! Prometheus metrics, in one registry per sidecar (no global state, so
+//! several in-process servers in tests do not mix their figures).
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+    pub backend: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    pub rpc: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub claims: Family<OutcomeLabels, Counter>,
+    pub rpc_seconds: Family<RpcLabels, Histogram>,
+    pub renewals: Counter,
+    pub takeovers: Counter,
+    pub fenced: Counter,
+    pub errors: Family<KindLabels, Counter>,
+    pub holds_open: Gauge,
+    pub store_up: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~3.3 s
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.000_05, 2.0, 17,
+    ))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut r = Registry::with_prefix("anarchon");
+        let claims = Family::<OutcomeLabels, Counter>::default();
+        r.register(
+            "claims",
+            "Claims answered, by outcome and backend",
+            claims.clone(),
+        );
+        let rpc_seconds = Family::<RpcLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        r.register("rpc_duration_seconds", "RPC latency", rpc_seconds.clone());
+        let renewals = Counter::default();
+        r.register("renewals", "Leases renewed", renewals.clone());
+        let takeovers = Counter::default();
+        r.register("takeovers", "Runs won with attempt > 1", takeovers.clone());
+        let fenced = Counter::default();
+        r.register("fenced", "Renew/Release refused as fenced", fenced.clone());
+        let errors = Family::<KindLabels, Counter>::default();
+        r.register("errors", "RPC errors by kind", errors.clone());
+        let holds_open = Gauge::default();
+        r.register("holds_open", "Open Hold streams", holds_open.clone());
+        let store_up = Gauge::default();
+        r.register(
+            "store_up",
+            "1 when the last store check succeeded",
+            store_up.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(r),
+            claims,
+            rpc_seconds,
+            renewals,
+            takeovers,
+            fenced,
+            errors,
+            holds_open,
+            store_up,
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Ok(r) = self.registry.lock() {
+            let _ = encode(&mut out, &r);
+        }
+        out
+    }
+
+    pub fn record_error(&self, e: &crate::Error) {
+        if matches!(e, crate::Error::Fenced(_)) {
+            self.fenced.inc();
+        }
+        self.errors
+            .get_or_create(&KindLabels { kind: e.kind() })
+            .inc();
+    }
+}

@@ -1,0 +1,199 @@
+//! The sidecar process: [`run`] takes already-bound listeners, a validated
+//! [`Config`] and a shutdown future, and serves until the future resolves.
+//!
+//! Start-up: identity (node key + instance bump) → store (connect, migrate)
+//! → gRPC (Claims, Mesh, health, reflection) and admin HTTP. Shutdown
+//! (SIGTERM): health turns NOT_SERVING, waits stop, `Hold` streams end, the
+//! leases this runtime holds end at once (the next claimer takes each run
+//! over), and in-flight requests drain for up to `drain_ms`.
+
+pub mod admin;
+pub mod claims;
+pub mod mesh;
+pub mod metrics;
+pub mod validate;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::mesh::Identity;
+use crate::proto as pb;
+use crate::store::{self, StoreOptions};
+use crate::Config;
+
+pub use claims::{ClaimsService, ClaimsState, Liveness, SelfOnly};
+
+/// The bound sockets the sidecar serves on.
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the configured addresses.
+    pub async fn bind(cfg: &Config) -> anyhow::Result<Listeners> {
+        let grpc = TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("cannot bind listen address {}", cfg.listen))?;
+        let admin = TcpListener::bind(cfg.admin_listen)
+            .await
+            .with_context(|| format!("cannot bind admin_listen address {}", cfg.admin_listen))?;
+        Ok(Listeners {
+            grpc,
+            admin: Some(admin),
+        })
+    }
+}
+
+/// Serves until `shutdown` resolves, then drains.
+pub async fn run(
+    cfg: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let identity =
+        Arc::new(Identity::load_or_create(&cfg.data_dir).context("cannot load the node identity")?);
+    let holder = identity.holder();
+    let grpc_addr = listeners.grpc.local_addr()?;
+    tracing::info!(node = %identity.node, instance = identity.instance, listen = %grpc_addr, "starting");
+
+    let opts = StoreOptions {
+        retention: cfg.retention(),
+        busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+    };
+    let url = cfg.backend_url();
+    let store = store::open(&url, &opts)
+        .await
+        .with_context(|| format!("cannot open backend {}", redact(&url)))?;
+    tracing::info!(backend = store.info().backend, "store ready");
+
+    let metrics = Arc::new(metrics::Metrics::default());
+    metrics.store_up.set(1);
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let (changed, _) = watch::channel(0u64);
+    let state = Arc::new(ClaimsState {
+        store: store.clone(),
+        defaults: validate::ClaimDefaults::from_config(&cfg),
+        holder: holder.clone(),
+        metrics: metrics.clone(),
+        liveness: Arc::new(SelfOnly(holder.clone())),
+        changed,
+        poll: Duration::from_millis(cfg.heartbeat_ms),
+        shutdown: drain_rx,
+    });
+
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::claims_server::ClaimsServer<ClaimsService>>()
+        .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("reflection")?;
+
+    let advertise = if cfg.advertise.is_empty() {
+        grpc_addr.to_string()
+    } else {
+        cfg.advertise.clone()
+    };
+    let mesh = mesh::MeshService {
+        node: identity.node.clone(),
+        instance: identity.instance,
+        address: advertise,
+        labels: cfg.label.clone(),
+        started: Instant::now(),
+    };
+
+    let pruner = tokio::spawn(store::prune_loop(
+        store.clone(),
+        cfg.retention(),
+        Duration::from_secs(60),
+    ));
+
+    // Shutdown fan-out: the first signal starts the drain everywhere.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    {
+        let health = health.clone();
+        let store = store.clone();
+        let holder = holder.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("draining");
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            health
+                .set_not_serving::<pb::claims_server::ClaimsServer<ClaimsService>>()
+                .await;
+            let _ = drain_tx.send(true);
+            match store.end_leases_of(&holder).await {
+                Ok(n) if n > 0 => tracing::info!(runs = n, "ended the leases this runtime held"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not end held leases on leave"),
+            }
+            let _ = stop_tx.send(true);
+        });
+    }
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let admin_task = match listeners.admin {
+        Some(l) => {
+            let router = admin::router(admin::AdminState {
+                store: store.clone(),
+                metrics: metrics.clone(),
+            });
+            let stop = stopped(stop_rx.clone());
+            Some(tokio::spawn(async move {
+                axum::serve(l, router).with_graceful_shutdown(stop).await
+            }))
+        }
+        None => None,
+    };
+
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_svc)
+        .add_service(reflection)
+        .add_service(pb::claims_server::ClaimsServer::new(ClaimsService(state)))
+        .add_service(pb::mesh_server::MeshServer::new(mesh))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listeners.grpc),
+            stopped(stop_rx.clone()),
+        );
+    let drain = Duration::from_millis(cfg.drain_ms);
+    let mut grpc = Box::pin(grpc);
+    tokio::select! {
+        res = &mut grpc => res.context("gRPC server")?,
+        _ = async {
+            stopped(stop_rx.clone()).await;
+            tokio::time::sleep(drain).await;
+        } => tracing::warn!("drain period over; closing remaining streams"),
+    }
+    if let Some(t) = admin_task {
+        t.abort();
+    }
+    pruner.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Hides a password in a URL for logs.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}

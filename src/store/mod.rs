@@ -1,0 +1,177 @@
+//! The store layer: one trait, one implementation per backend, chosen by the
+//! backend URL's scheme.
+//!
+//! A store makes the claim decision in one indivisible step of its own
+//! (a locked transaction, a Lua script, a full-or-empty queue, a
+//! de-duplicated publish). Contention comes back as a [`ClaimAnswer`]
+//! outcome; store trouble as an [`Error`], never as `WON`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::claim::*;
+use crate::error::{Error, Result};
+
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+/// What a backend can do, and how long it remembers a run.
+#[derive(Debug, Clone)]
+pub struct StoreInfo {
+    /// `sqlite`, `postgres`, `redis-lease`, ...
+    pub backend: &'static str,
+    /// Lease backends keep runs with leases and hand them over; once backends
+    /// only remember that a slot was claimed.
+    pub leases: bool,
+    /// Whether `History` returns full run records.
+    pub full_history: bool,
+    /// How long a run is remembered, in words (shown in `History`).
+    pub retention: String,
+}
+
+/// Tunables every store may use.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// How long finished runs are kept.
+    pub retention: Duration,
+    /// SQLite: how long to wait for the write lock.
+    pub busy_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            retention: Duration::from_secs(7 * 24 * 3600),
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    fn info(&self) -> &StoreInfo;
+
+    /// The claim decision, in one atomic step. `dead` lists holders whose
+    /// runs no longer exclude anyone.
+    async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Result<ClaimAnswer>;
+
+    /// Extends the lease if `spec.token` still holds the run.
+    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed>;
+
+    /// Marks the run finished if `spec.token` holds it. Idempotent.
+    async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()>;
+
+    /// Runs of `job`, newest slot first.
+    async fn history(
+        &self,
+        job: &Job,
+        limit: u32,
+        before_slot_ms: Option<i64>,
+    ) -> Result<HistoryPage>;
+
+    /// Ends the lease of the run held with `token` at once (a `Hold` stream
+    /// broke), so the next claimer takes it over. Returns whether a lease ended.
+    async fn end_lease(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Result<bool>;
+
+    /// Ends the leases of every run `holder` holds (graceful leave).
+    async fn end_leases_of(&self, holder: &Holder) -> Result<u64>;
+
+    /// Deletes up to `batch` runs finished (or lapsed) before `cutoff_ms`.
+    async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64>;
+
+    /// Is the store reachable?
+    async fn ping(&self) -> Result<()>;
+}
+
+pub type DynStore = Arc<dyn Store>;
+
+/// A parsed backend URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite { path: String },
+}
+
+impl Backend {
+    /// Parses and checks a backend URL without connecting.
+    pub fn parse(url: &str) -> Result<Backend> {
+        let bad = |m: String| Error::invalid("backend", m);
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad(format!("{url:?} is not a URL (expected scheme://...)")))?;
+        match scheme {
+            "sqlite" => {
+                let path = rest.split('?').next().unwrap_or_default();
+                if path.is_empty() {
+                    return Err(bad("sqlite:// needs a file path".into()));
+                }
+                Ok(Backend::Sqlite { path: path.to_owned() })
+            }
+            other => Err(bad(format!(
+                "unknown scheme {other:?}; expected sqlite:// (postgres://, redis://, amqp:// and nats:// are not in this build yet)"
+            ))),
+        }
+    }
+}
+
+/// Connects to the backend named by `url`, runs its migrations and returns it.
+pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
+    match Backend::parse(url)? {
+        Backend::Sqlite { path } => Ok(Arc::new(SqliteStore::open(&path, opts).await?)),
+    }
+}
+
+/// Runs `prune` in small batches until nothing is left, then sleeps `every`.
+pub async fn prune_loop(store: DynStore, retention: Duration, every: Duration) {
+    loop {
+        let cutoff = host_now_ms() - retention.as_millis() as i64;
+        loop {
+            match store.prune(cutoff, 500).await {
+                Ok(n) if n >= 500 => tokio::task::yield_now().await,
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::debug!(pruned = n, "pruned old runs");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning old runs failed");
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_urls() {
+        assert_eq!(
+            Backend::parse("sqlite://./d/a.db").unwrap(),
+            Backend::Sqlite {
+                path: "./d/a.db".into()
+            }
+        );
+        assert_eq!(
+            Backend::parse("sqlite:///tmp/a.db?x=1").unwrap(),
+            Backend::Sqlite {
+                path: "/tmp/a.db".into()
+            }
+        );
+        for bad in ["", "sqlite://", "nope", "ftp://x"] {
+            assert!(matches!(
+                Backend::parse(bad),
+                Err(Error::InvalidArgument {
+                    field: "backend",
+                    ..
+                })
+            ));
+        }
+    }
+}
