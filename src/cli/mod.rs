@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use client::{connect, print_status};
+pub use client::{connect, outcome_name, print_status};
 
 /// Exit status when a claim was answered but not won.
 pub const EXIT_NOT_WON: u8 = 3;

@@ -1,0 +1,122 @@
+//! Real `anarchon serve` processes, killed when dropped.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_anarchon");
+
+/// A free loopback port (bound then released).
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+pub struct Sidecar {
+    pub child: Option<Child>,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub data_dir: PathBuf,
+    pub args: Vec<String>,
+    pub log: PathBuf,
+}
+
+impl Sidecar {
+    /// Starts `anarchon serve` with `extra` flags and waits until it answers.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Sidecar {
+        let addr = free_addr();
+        let admin = free_addr();
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--listen".into(),
+            addr.to_string(),
+            "--admin-listen".into(),
+            admin.to_string(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut s = Sidecar {
+            child: None,
+            addr,
+            admin,
+            data_dir: data_dir.to_owned(),
+            args,
+            log: data_dir.join(format!("serve-{}.log", addr.port())),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        std::fs::create_dir_all(&self.data_dir).unwrap();
+        let log = std::fs::File::create(&self.log).unwrap();
+        let child = Command::new(BIN)
+            .args(&self.args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn anarchon serve");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(self.addr).is_ok() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!(
+                        "anarchon serve exited early ({st}):\n{}",
+                        std::fs::read_to_string(&self.log).unwrap_or_default()
+                    );
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("anarchon serve did not start listening on {}", self.addr);
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for the exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        c.wait().unwrap()
+    }
+
+    /// Starts again with the same flags (same data dir and ports).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,552 @@
+//! The store conformance suite: every behaviour of the claim contract,
+//! written once against `&dyn Store`. `conformance!` in
+//! `tests/conformance.rs` stamps each test onto every backend.
+//!
+//! Backends without leases (`info().leases == false`) are checked for their
+//! declared refusal (`no_leases`) and their once semantics instead.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anarchon::claim::*;
+use anarchon::error::{Error, FenceReason};
+use anarchon::store::Store;
+
+use super::{holder, job, spec};
+
+fn none() -> DeadHolders {
+    DeadHolders::none()
+}
+
+fn now() -> i64 {
+    host_now_ms()
+}
+
+pub async fn win(s: &dyn Store) {
+    let j = job("win");
+    let sp = spec(&j, now(), &holder("a", 1));
+    let a = s.claim(&sp, &none()).await.unwrap();
+    assert_eq!(a.outcome, Outcome::Won, "{a:?}");
+    assert_eq!(a.token.as_ref(), Some(&sp.token));
+    assert_eq!(a.attempt, 1);
+    assert!(a.fencing >= 1);
+    if s.info().leases {
+        assert!(a.lease_until_ms > a.now_ms);
+        let v = a.valid_for_ms();
+        assert!(v > 29_000 && v <= 30_000, "valid_for {v}");
+        assert_eq!(a.holder, Some(holder("a", 1)));
+    }
+}
+
+pub async fn resend_same_token(s: &dyn Store) {
+    let j = job("resend");
+    let sp = spec(&j, now(), &holder("a", 1));
+    let first = s.claim(&sp, &none()).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Won);
+    let again = s.claim(&sp, &none()).await.unwrap();
+    assert_eq!(
+        again.outcome,
+        Outcome::Won,
+        "a resend must be told it still holds the run"
+    );
+    assert_eq!(
+        (again.attempt, again.fencing),
+        (first.attempt, first.fencing)
+    );
+    assert_eq!(again.token, first.token);
+}
+
+pub async fn second_claimer_is_excluded(s: &dyn Store) {
+    let j = job("excl");
+    let slot = now();
+    let a = s
+        .claim(&spec(&j, slot, &holder("a", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!(a.outcome, Outcome::Won);
+    let b = s
+        .claim(&spec(&j, slot, &holder("b", 1)), &none())
+        .await
+        .unwrap();
+    if s.info().leases {
+        assert_eq!(b.outcome, Outcome::Running, "{b:?}");
+        assert_eq!(b.holder, Some(holder("a", 1)));
+    } else {
+        assert_eq!(b.outcome, Outcome::Lost, "{b:?}");
+    }
+    assert!(
+        b.token.is_none(),
+        "a loser must never see the holder's token"
+    );
+}
+
+pub async fn takeover_after_lapsed_lease(s: &dyn Store) {
+    let j = job("lapse");
+    let slot = now();
+    let mut a = spec(&j, slot, &holder("a", 1));
+    a.lease_ms = 50;
+    let first = s.claim(&a, &none()).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Won);
+    let b = spec(&j, slot, &holder("b", 1));
+    if !s.info().leases {
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let lost = s.claim(&b, &none()).await.unwrap();
+        assert_eq!(
+            lost.outcome,
+            Outcome::Lost,
+            "once backends never hand a slot over"
+        );
+        return;
+    }
+    // Before the lease lapses: RUNNING.
+    let early = s.claim(&b, &none()).await.unwrap();
+    assert_eq!(early.outcome, Outcome::Running);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let won = s.claim(&b, &none()).await.unwrap();
+    assert_eq!(won.outcome, Outcome::Won, "{won:?}");
+    assert_eq!(won.attempt, 2);
+    assert!(won.fencing > first.fencing, "fencing must rise on takeover");
+    // The old holder is fenced.
+    let renew = RenewSpec {
+        job: j.clone(),
+        slot_ms: slot,
+        token: a.token.clone(),
+        lease_ms: 1000,
+    };
+    assert!(matches!(
+        s.renew(&renew, &none()).await,
+        Err(Error::Fenced(FenceReason::TakenOver))
+    ));
+}
+
+pub async fn takeover_of_dead_holder(s: &dyn Store) {
+    if !s.info().leases {
+        return no_leases(s).await;
+    }
+    let j = job("dead");
+    let slot = now();
+    let a = spec(&j, slot, &holder("a", 1));
+    assert_eq!(s.claim(&a, &none()).await.unwrap().outcome, Outcome::Won);
+    let b = spec(&j, slot, &holder("b", 1));
+    assert_eq!(
+        s.claim(&b, &none()).await.unwrap().outcome,
+        Outcome::Running
+    );
+    let mut dead = none();
+    dead.mark_dead(holder("a", 1));
+    let won = s.claim(&b, &dead).await.unwrap();
+    assert_eq!((won.outcome, won.attempt), (Outcome::Won, 2), "{won:?}");
+    // A restarted holder (a newer instance known) is dead too.
+    let c = spec(&j, slot, &holder("c", 1));
+    let mut restarted = none();
+    restarted.set_current("b", 2);
+    let won = s.claim(&c, &restarted).await.unwrap();
+    assert_eq!((won.outcome, won.attempt), (Outcome::Won, 3), "{won:?}");
+    // The old holders are fenced.
+    let renew = RenewSpec {
+        job: j.clone(),
+        slot_ms: slot,
+        token: b.token.clone(),
+        lease_ms: 1000,
+    };
+    assert!(matches!(
+        s.renew(&renew, &none()).await,
+        Err(Error::Fenced(_))
+    ));
+}
+
+pub async fn attempts_exhausted(s: &dyn Store) {
+    if !s.info().leases {
+        return no_leases(s).await;
+    }
+    let j = job("exhaust");
+    let slot = now();
+    let mk = |n: &str| {
+        let mut x = spec(&j, slot, &holder(n, 1));
+        x.lease_ms = 40;
+        x.max_attempts = 2;
+        x
+    };
+    assert_eq!(s.claim(&mk("a"), &none()).await.unwrap().attempt, 1);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let second = s.claim(&mk("b"), &none()).await.unwrap();
+    assert_eq!((second.outcome, second.attempt), (Outcome::Won, 2));
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let third = s.claim(&mk("c"), &none()).await.unwrap();
+    assert_eq!(third.outcome, Outcome::Done, "{third:?}");
+    assert_eq!(third.reason, Some("interrupted"));
+    let h = s.history(&j, 10, None).await.unwrap();
+    assert_eq!(h.runs.len(), 1);
+    assert_eq!(h.runs[0].state, RunState::Interrupted);
+    assert_eq!(h.runs[0].attempt, 2);
+    // And it stays done.
+    assert_eq!(
+        s.claim(&mk("d"), &none()).await.unwrap().outcome,
+        Outcome::Done
+    );
+}
+
+pub async fn late_writes_nothing(s: &dyn Store) {
+    let j = job("late");
+    let slot = now() - 10 * 60_000;
+    let a = s
+        .claim(&spec(&j, slot, &holder("a", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!(a.outcome, Outcome::Late, "{a:?}");
+    assert!(a.token.is_none());
+    let h = s.history(&j, 10, None).await.unwrap();
+    assert!(h.runs.is_empty(), "LATE must write nothing: {:?}", h.runs);
+    // A wider max_late admits the same slot.
+    let mut wide = spec(&j, slot, &holder("a", 1));
+    wide.max_late_ms = 3_600_000;
+    assert_eq!(s.claim(&wide, &none()).await.unwrap().outcome, Outcome::Won);
+}
+
+pub async fn overlap_skip(s: &dyn Store) {
+    if !s.info().leases {
+        return no_leases(s).await;
+    }
+    let j = job("overlap");
+    let t = now();
+    assert_eq!(
+        s.claim(&spec(&j, t - 1000, &holder("a", 1)), &none())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Won
+    );
+    let mut skip = spec(&j, t, &holder("b", 1));
+    skip.overlap = Overlap::Skip;
+    let o = s.claim(&skip, &none()).await.unwrap();
+    assert_eq!(o.outcome, Outcome::Overlap, "{o:?}");
+    assert_eq!(
+        s.history(&j, 10, None).await.unwrap().runs.len(),
+        1,
+        "OVERLAP writes nothing"
+    );
+    // ALLOW starts it anyway.
+    let allow = spec(&j, t, &holder("b", 1));
+    assert_eq!(
+        s.claim(&allow, &none()).await.unwrap().outcome,
+        Outcome::Won
+    );
+    // SKIP ignores a running run whose holder is dead.
+    let mut skip2 = spec(&j, t + 1000, &holder("c", 1));
+    skip2.overlap = Overlap::Skip;
+    let mut dead = none();
+    dead.mark_dead(holder("a", 1));
+    dead.mark_dead(holder("b", 1));
+    assert_eq!(s.claim(&skip2, &dead).await.unwrap().outcome, Outcome::Won);
+}
+
+pub async fn renew_extends(s: &dyn Store) {
+    let j = job("renew");
+    let slot = now();
+    let mut a = spec(&j, slot, &holder("a", 1));
+    a.lease_ms = 1000;
+    let won = s.claim(&a, &none()).await.unwrap();
+    let r = RenewSpec {
+        job: j.clone(),
+        slot_ms: slot,
+        token: a.token.clone(),
+        lease_ms: 20_000,
+    };
+    if !s.info().leases {
+        assert!(matches!(
+            s.renew(&r, &none()).await,
+            Err(Error::NoLeases(_))
+        ));
+        return;
+    }
+    let renewed = s.renew(&r, &none()).await.unwrap();
+    assert_eq!(renewed.attempt, won.attempt);
+    assert!(
+        renewed.lease_until_ms >= won.lease_until_ms + 18_000,
+        "{renewed:?}"
+    );
+    // Unknown run: NOT_FOUND.
+    let missing = RenewSpec {
+        slot_ms: slot + 1,
+        ..r
+    };
+    assert!(matches!(
+        s.renew(&missing, &none()).await,
+        Err(Error::NotFound(_))
+    ));
+}
+
+pub async fn stale_token_is_fenced(s: &dyn Store) {
+    let j = job("fenced");
+    let slot = now();
+    let a = spec(&j, slot, &holder("a", 1));
+    assert_eq!(s.claim(&a, &none()).await.unwrap().outcome, Outcome::Won);
+    let stranger = Token::generate();
+    let rel = ReleaseSpec {
+        job: j.clone(),
+        slot_ms: slot,
+        token: stranger.clone(),
+        result: ReleaseResult::Succeeded,
+    };
+    if !s.info().leases {
+        let r = RenewSpec {
+            job: j.clone(),
+            slot_ms: slot,
+            token: a.token.clone(),
+            lease_ms: 1000,
+        };
+        assert!(matches!(
+            s.renew(&r, &none()).await,
+            Err(Error::NoLeases(_))
+        ));
+        return;
+    }
+    assert!(matches!(
+        s.release(&rel, &none()).await,
+        Err(Error::Fenced(_))
+    ));
+    let r = RenewSpec {
+        job: j.clone(),
+        slot_ms: slot,
+        token: stranger,
+        lease_ms: 1000,
+    };
+    assert!(matches!(s.renew(&r, &none()).await, Err(Error::Fenced(_))));
+    // The holder restarted: its own token is fenced through the new instance.
+    let mut restarted = none();
+    restarted.set_current("a", 2);
+    let own = RenewSpec {
+        token: a.token.clone(),
+        ..r
+    };
+    assert!(matches!(
+        s.renew(&own, &restarted).await,
+        Err(Error::Fenced(FenceReason::HolderDead))
+    ));
+    let own_rel = ReleaseSpec {
+        token: a.token.clone(),
+        ..rel
+    };
+    assert!(matches!(
+        s.release(&own_rel, &restarted).await,
+        Err(Error::Fenced(_))
+    ));
+    // Nothing changed: the real holder can still release.
+    s.release(&own_rel, &none()).await.unwrap();
+}
+
+pub async fn release_is_idempotent(s: &dyn Store) {
+    let j = job("release");
+    let slot = now();
+    let a = spec(&j, slot, &holder("a", 1));
+    assert_eq!(s.claim(&a, &none()).await.unwrap().outcome, Outcome::Won);
+    let rel = ReleaseSpec {
+        job: j.clone(),
+        slot_ms: slot,
+        token: a.token.clone(),
+        result: ReleaseResult::Succeeded,
+    };
+    s.release(&rel, &none()).await.unwrap();
+    s.release(&rel, &none()).await.unwrap();
+    let after = s
+        .claim(&spec(&j, slot, &holder("b", 1)), &none())
+        .await
+        .unwrap();
+    if s.info().leases {
+        assert_eq!(after.outcome, Outcome::Done, "{after:?}");
+        let r = RenewSpec {
+            job: j.clone(),
+            slot_ms: slot,
+            token: a.token.clone(),
+            lease_ms: 1000,
+        };
+        assert!(matches!(s.renew(&r, &none()).await, Err(Error::Fenced(_))));
+        let h = s.history(&j, 5, None).await.unwrap();
+        assert_eq!(h.runs[0].state, RunState::Succeeded);
+        assert!(h.runs[0].finished_at_ms > 0);
+    } else {
+        assert_eq!(after.outcome, Outcome::Lost, "{after:?}");
+    }
+}
+
+pub async fn history_newest_first(s: &dyn Store) {
+    let j = job("hist");
+    let base = now() - 5_000;
+    for i in 0..5 {
+        let a = s
+            .claim(&spec(&j, base + i * 1000, &holder("a", 1)), &none())
+            .await
+            .unwrap();
+        assert_eq!(a.outcome, Outcome::Won);
+    }
+    let h = s.history(&j, 3, None).await.unwrap();
+    if !s.info().full_history && h.runs.is_empty() {
+        assert!(h.note.is_some(), "a backend without history must say so");
+        return;
+    }
+    let slots: Vec<i64> = h.runs.iter().map(|r| r.slot_ms).collect();
+    assert_eq!(slots, vec![base + 4000, base + 3000, base + 2000]);
+    let page2 = s.history(&j, 10, Some(base + 2000)).await.unwrap();
+    let slots: Vec<i64> = page2.runs.iter().map(|r| r.slot_ms).collect();
+    assert_eq!(slots, vec![base + 1000, base]);
+}
+
+pub async fn lock_slot_zero(s: &dyn Store) {
+    if !s.info().leases {
+        return no_leases(s).await;
+    }
+    let j = job("lock");
+    let a = spec(&j, 0, &holder("a", 1));
+    let first = s.claim(&a, &none()).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Won, "slot 0 is never late");
+    assert_eq!(
+        s.claim(&spec(&j, 0, &holder("b", 1)), &none())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Running
+    );
+    let rel = ReleaseSpec {
+        job: j.clone(),
+        slot_ms: 0,
+        token: a.token.clone(),
+        result: ReleaseResult::Succeeded,
+    };
+    s.release(&rel, &none()).await.unwrap();
+    let next = s
+        .claim(&spec(&j, 0, &holder("b", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!(
+        (next.outcome, next.attempt),
+        (Outcome::Won, 2),
+        "a released lock is free again"
+    );
+    assert!(next.fencing > first.fencing);
+}
+
+pub async fn end_lease_hands_over(s: &dyn Store) {
+    if !s.info().leases {
+        return no_leases(s).await;
+    }
+    let j = job("endlease");
+    let slot = now();
+    let a = spec(&j, slot, &holder("a", 1));
+    assert_eq!(s.claim(&a, &none()).await.unwrap().outcome, Outcome::Won);
+    assert!(
+        !s.end_lease(&j, slot, &Token::generate()).await.unwrap(),
+        "a stranger ends nothing"
+    );
+    assert!(s.end_lease(&j, slot, &a.token).await.unwrap());
+    let b = s
+        .claim(&spec(&j, slot, &holder("b", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!((b.outcome, b.attempt), (Outcome::Won, 2), "{b:?}");
+    // Leaving ends every lease of a holder.
+    let j2 = job("leave");
+    for slot in [slot, slot + 1] {
+        assert_eq!(
+            s.claim(&spec(&j2, slot, &holder("c", 7)), &none())
+                .await
+                .unwrap()
+                .outcome,
+            Outcome::Won
+        );
+    }
+    assert_eq!(s.end_leases_of(&holder("c", 7)).await.unwrap(), 2);
+    let d = s
+        .claim(&spec(&j2, slot + 1, &holder("d", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!((d.outcome, d.attempt), (Outcome::Won, 2));
+}
+
+pub async fn prune_removes_old_runs(s: &dyn Store) {
+    if !s.info().full_history {
+        return;
+    }
+    let j = job("prune");
+    let slot = now();
+    let a = spec(&j, slot, &holder("a", 1));
+    s.claim(&a, &none()).await.unwrap();
+    let rel = ReleaseSpec {
+        job: j.clone(),
+        slot_ms: slot,
+        token: a.token.clone(),
+        result: ReleaseResult::Succeeded,
+    };
+    s.release(&rel, &none()).await.unwrap();
+    // A cutoff in the past keeps it; one in the future removes it.
+    s.prune(now() - 3_600_000, 100).await.unwrap();
+    assert_eq!(s.history(&j, 5, None).await.unwrap().runs.len(), 1);
+    let mut removed = 0;
+    while let Ok(n) = s.prune(now() + 60_000, 100).await {
+        removed += n;
+        if n < 100 {
+            break;
+        }
+    }
+    assert!(removed >= 1);
+    assert!(s.history(&j, 5, None).await.unwrap().runs.is_empty());
+}
+
+/// Once backends: Renew is refused with `no_leases`.
+pub async fn no_leases(s: &dyn Store) {
+    assert!(!s.info().leases);
+    let j = job("noleases");
+    let a = spec(&j, now(), &holder("a", 1));
+    assert_eq!(s.claim(&a, &none()).await.unwrap().outcome, Outcome::Won);
+    let r = RenewSpec {
+        job: j,
+        slot_ms: a.slot_ms,
+        token: a.token,
+        lease_ms: 1000,
+    };
+    assert!(matches!(
+        s.renew(&r, &none()).await,
+        Err(Error::NoLeases(_))
+    ));
+}
+
+/// Many concurrent claimers, in-process: exactly one WON per slot.
+pub async fn contest(s: Arc<dyn Store>) {
+    let j = job("contest");
+    let base = now();
+    let slots = 40i64;
+    let claimers = 16;
+    let mut tasks = Vec::new();
+    for c in 0..claimers {
+        let s = s.clone();
+        let j = j.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut won = Vec::new();
+            for i in 0..slots {
+                let sp = spec(&j, base + i, &holder(&format!("n{c}"), 1));
+                let a = s.claim(&sp, &DeadHolders::none()).await.unwrap();
+                match a.outcome {
+                    Outcome::Won => won.push(base + i),
+                    Outcome::Running | Outcome::Lost => {}
+                    other => panic!("unexpected outcome {other:?}"),
+                }
+            }
+            won
+        }));
+    }
+    let mut wins: HashMap<i64, u32> = HashMap::new();
+    for t in tasks {
+        for slot in t.await.unwrap() {
+            *wins.entry(slot).or_default() += 1;
+        }
+    }
+    let double = wins.values().filter(|&&n| n > 1).count();
+    let missing = (0..slots)
+        .filter(|i| !wins.contains_key(&(base + i)))
+        .count();
+    assert_eq!(
+        (double, missing),
+        (0, 0),
+        "double wins and slots without a winner"
+    );
+}

@@ -1,0 +1,69 @@
+//! The store conformance suite, stamped onto every backend. Adding a backend
+//! is one `conformance!` line with a factory that returns `Option<DynStore>`
+//! (`None` = its service is unreachable outside CI; the suite says SKIPPED).
+
+mod common;
+
+use anarchon::store::{self, DynStore, StoreOptions};
+use common::services;
+use common::suite;
+
+macro_rules! conformance {
+    ($name:ident, $factory:expr) => {
+        mod $name {
+            use super::*;
+
+            async fn store() -> Option<DynStore> {
+                $factory.await
+            }
+
+            macro_rules! case {
+                ($case:ident) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $case() {
+                        if let Some(s) = store().await {
+                            suite::$case(&*s).await;
+                        }
+                    }
+                };
+            }
+
+            case!(win);
+            case!(resend_same_token);
+            case!(second_claimer_is_excluded);
+            case!(takeover_after_lapsed_lease);
+            case!(takeover_of_dead_holder);
+            case!(attempts_exhausted);
+            case!(late_writes_nothing);
+            case!(overlap_skip);
+            case!(renew_extends);
+            case!(stale_token_is_fenced);
+            case!(release_is_idempotent);
+            case!(history_newest_first);
+            case!(lock_slot_zero);
+            case!(end_lease_hands_over);
+            case!(prune_removes_old_runs);
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn contest() {
+                if let Some(s) = store().await {
+                    suite::contest(s).await;
+                }
+            }
+        }
+    };
+}
+
+/// A fresh SQLite file per test.
+async fn sqlite() -> Option<DynStore> {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let url = format!("sqlite://{}", dir.join("t.db").display());
+    Some(store::open(&url, &StoreOptions::default()).await.unwrap())
+}
+
+conformance!(sqlite, sqlite());
+
+#[allow(unused)]
+fn _services_used() -> bool {
+    services::in_ci()
+}
