@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use crate::claim::*;
 use crate::error::{Error, Result};
 
+mod sql;
 mod sqlite;
 
 pub use sqlite::SqliteStore;
