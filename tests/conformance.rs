@@ -62,6 +62,7 @@ async fn sqlite() -> Option<DynStore> {
 }
 
 conformance!(sqlite, sqlite());
+conformance!(postgres, common::pg::store());
 
 #[allow(unused)]
 fn _services_used() -> bool {

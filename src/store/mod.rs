@@ -14,9 +14,11 @@ use async_trait::async_trait;
 use crate::claim::*;
 use crate::error::{Error, Result};
 
+mod postgres;
 mod sql;
 mod sqlite;
 
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
 /// What a backend can do, and how long it remembers a run.
@@ -92,7 +94,15 @@ pub type DynStore = Arc<dyn Store>;
 /// A parsed backend URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
-    Sqlite { path: String },
+    Sqlite {
+        path: String,
+    },
+    /// `url` is what the driver gets (without `table`/`max_connections`).
+    Postgres {
+        url: String,
+        table: String,
+        max_connections: u32,
+    },
 }
 
 impl Backend {
@@ -110,8 +120,9 @@ impl Backend {
                 }
                 Ok(Backend::Sqlite { path: path.to_owned() })
             }
+            "postgres" | "postgresql" => postgres::parse_url(url),
             other => Err(bad(format!(
-                "unknown scheme {other:?}; expected sqlite:// (postgres://, redis://, amqp:// and nats:// are not in this build yet)"
+                "unknown scheme {other:?}; expected sqlite:// or postgres:// (redis://, amqp:// and nats:// are not in this build yet)"
             ))),
         }
     }
@@ -121,6 +132,13 @@ impl Backend {
 pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
     match Backend::parse(url)? {
         Backend::Sqlite { path } => Ok(Arc::new(SqliteStore::open(&path, opts).await?)),
+        Backend::Postgres {
+            url,
+            table,
+            max_connections,
+        } => Ok(Arc::new(
+            PostgresStore::open(&url, &table, max_connections, opts).await?,
+        )),
     }
 }
 

@@ -1,0 +1,781 @@
+//! The PostgreSQL store: `postgres://USER@HOST:PORT/DB?table=PREFIX`.
+//!
+//! Why the step is atomic: every write opens a transaction whose first
+//! statement upserts the job's row in `<prefix>_jobs`
+//! (`INSERT … ON CONFLICT DO UPDATE`), which takes that row's lock, so every
+//! write to the runs of one job queues behind it while other jobs go on. The
+//! next statement reads the run `FOR UPDATE` with a fresh snapshot (READ
+//! COMMITTED: each statement sees everything committed before it started,
+//! and the lock was already held), the shared decision table decides, and the
+//! write happens before the lock is released at `COMMIT`. `now` is the
+//! database's `clock_timestamp()`, returned by the locking statement itself,
+//! so it is read after the lock was granted.
+//!
+//! Most claims never write: a plain `SELECT` (with the database's clock)
+//! first answers finished runs, live leases, resends, late slots and
+//! overlaps; only a missing run or a lapsed lease opens the transaction,
+//! which reads and decides again under the lock.
+//!
+//! Errors are translated here: serialization failures and deadlocks are
+//! retried a few times with jittered backoff, a lost connection or an
+//! exhausted pool is `UNAVAILABLE`, anything else a store error. No error is
+//! ever a win: an answer is only returned after `COMMIT` succeeded.
+
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection, Row};
+
+use super::sql::{self, run_from_row, RunAccess, RUN_COLUMNS};
+use super::{Backend, Store, StoreInfo, StoreOptions};
+use crate::claim::*;
+use crate::error::{Error, Result};
+
+/// The table prefix when the URL names none.
+pub const DEFAULT_TABLE: &str = "anarchon";
+/// Connections per store when the URL names no `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+/// How long a request waits for a free connection before it is `UNAVAILABLE`.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Retries of a serialization failure or deadlock before giving up.
+const CONFLICT_RETRIES: usize = 5;
+
+/// The database's clock, in epoch milliseconds.
+const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// The embedded migrations: version, name, SQL with `{prefix}` for the table
+/// prefix. Append only.
+const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "runs",
+    include_str!("../../migrations/postgres/0001_runs.sql"),
+)];
+
+/// Parses `postgres://USER@HOST:PORT/DB?table=PREFIX[&max_connections=N]`.
+/// Every other parameter is left to the driver (`sslmode`, `application_name`,
+/// …). Without an `application_name`, connections are named
+/// `anarchon/<prefix>`, so an operator can find them in `pg_stat_activity`.
+pub(super) fn parse_url(url: &str) -> Result<Backend> {
+    // The URL itself is not repeated: it may hold a password.
+    let mut u = url::Url::parse(url)
+        .map_err(|e| Error::invalid("backend", format!("not a valid postgres:// URL: {e}")))?;
+    let mut table = DEFAULT_TABLE.to_owned();
+    let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+    let mut named = false;
+    let mut rest = Vec::new();
+    for (k, v) in u.query_pairs() {
+        match &*k {
+            "table" => table = v.into_owned(),
+            "max_connections" => {
+                max_connections = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "max_connections",
+                            format!("must be a number from 1 to 1000, got {v:?}"),
+                        )
+                    })?
+            }
+            _ => {
+                named |= k == "application_name";
+                rest.push((k.into_owned(), v.into_owned()));
+            }
+        }
+    }
+    check_table(&table)?;
+    if !named {
+        rest.push(("application_name".into(), format!("anarchon/{table}")));
+    }
+    u.query_pairs_mut().clear().extend_pairs(rest);
+    Ok(Backend::Postgres {
+        url: u.to_string(),
+        table,
+        max_connections,
+    })
+}
+
+/// The table prefix goes into identifiers, so it is held to
+/// `[a-z_][a-z0-9_]{0,40}`.
+fn check_table(table: &str) -> Result<()> {
+    let ok = table.len() <= 41
+        && table
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+        && table
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "table",
+            format!("{table:?} must match [a-z_][a-z0-9_]{{0,40}}"),
+        ))
+    }
+}
+
+/// How one attempt failed: a conflict worth another try, or for good.
+#[derive(Debug)]
+enum Fail {
+    /// Serialization failure (40001) or deadlock (40P01).
+    Conflict(String),
+    Final(Error),
+}
+
+type Attempt<T> = std::result::Result<T, Fail>;
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Fail {
+        Fail::Final(e)
+    }
+}
+
+/// Translates sqlx errors: conflicts are retried; a lost connection, a
+/// server going down, an exhausted pool or I/O trouble is `UNAVAILABLE`;
+/// anything else a store error. Never a win.
+impl From<sqlx::Error> for Fail {
+    fn from(e: sqlx::Error) -> Fail {
+        match &e {
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                match &*code {
+                    "40001" | "40P01" => Fail::Conflict(format!("postgres: {db}")),
+                    // connection exceptions, insufficient resources (too many
+                    // connections), operator intervention (shutdown,
+                    // terminated backend, cancelled statement), a read-only
+                    // standby after a failover, a lock timeout.
+                    c if c.starts_with("08")
+                        || c.starts_with("53")
+                        || c.starts_with("57")
+                        || c == "25006"
+                        || c == "55P03" =>
+                    {
+                        Fail::Final(Error::Unavailable(format!("postgres: {db}")))
+                    }
+                    _ => Fail::Final(Error::Store(format!("postgres: {db}"))),
+                }
+            }
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => {
+                Fail::Final(Error::Unavailable(format!("postgres: {e}")))
+            }
+            _ => Fail::Final(Error::Store(format!("postgres: {e}"))),
+        }
+    }
+}
+
+impl Fail {
+    fn into_error(self) -> Error {
+        match self {
+            Fail::Conflict(m) => Error::Unavailable(format!(
+                "still conflicting after {CONFLICT_RETRIES} retries: {m}"
+            )),
+            Fail::Final(e) => e,
+        }
+    }
+}
+
+/// When this store last saw the database become unavailable. A pooled
+/// connection that has been idle since then may have been cut (server
+/// restart, terminated backend), so it is pinged once before its next use
+/// and replaced if dead; connections in steady use are not pinged, which
+/// would cost a round trip per request.
+struct Outages {
+    epoch: Instant,
+    /// Milliseconds after `epoch` of the last outage; 0 = none yet.
+    last_ms: AtomicU64,
+}
+
+impl Outages {
+    fn new() -> Outages {
+        Outages {
+            epoch: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn mark(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether a connection idle for `idle_for` went idle before the last outage.
+    fn suspect(&self, idle_for: Duration) -> bool {
+        let last = self.last_ms.load(Ordering::Relaxed);
+        last != 0 && self.epoch.elapsed().saturating_sub(idle_for).as_millis() as u64 <= last
+    }
+}
+
+/// The statements, spelled once for the configured prefix.
+struct Statements {
+    /// The database's clock and the run, without a lock.
+    peek: String,
+    /// The claim's first statement: upsert the job row (taking its lock),
+    /// returning the job's fencing counter and the clock.
+    lock_job: String,
+    /// Renew/Release/end_lease: lock an existing job row, returning the clock.
+    lock_existing_job: String,
+    run_for_update: String,
+    others: String,
+    /// Moves the job's fencing counter on (never back) and writes the run.
+    write_run: String,
+    renew: String,
+    release: String,
+    end_lease: String,
+    end_leases_of: String,
+    history: String,
+    prune: String,
+}
+
+impl Statements {
+    fn new(p: &str) -> Statements {
+        let runs = format!("{p}_runs");
+        let jobs = format!("{p}_jobs");
+        Statements {
+            peek: format!(
+                "SELECT {NOW_MS} AS now_ms, {RUN_COLUMNS}
+                 FROM (VALUES (1)) AS one LEFT JOIN {runs} ON job = $1 AND slot_ms = $2"
+            ),
+            lock_job: format!(
+                "INSERT INTO {jobs} AS j (job, fence) VALUES ($1, 0)
+                 ON CONFLICT (job) DO UPDATE SET fence = j.fence
+                 RETURNING j.fence, {NOW_MS} AS now_ms"
+            ),
+            lock_existing_job: format!(
+                "UPDATE {jobs} SET fence = fence WHERE job = $1 RETURNING {NOW_MS} AS now_ms"
+            ),
+            run_for_update: format!(
+                "SELECT {RUN_COLUMNS} FROM {runs} WHERE job = $1 AND slot_ms = $2 FOR UPDATE"
+            ),
+            others: format!(
+                "SELECT {RUN_COLUMNS} FROM {runs}
+                 WHERE job = $1 AND state = 'RUNNING' AND slot_ms <> $2 AND lease_until_ms > $3"
+            ),
+            write_run: format!(
+                "WITH fence AS (UPDATE {jobs} SET fence = $12 WHERE job = $1 AND fence < $12) {}",
+                sql::upsert_run_sql(&runs)
+            ),
+            renew: format!("UPDATE {runs} SET lease_until_ms = $3 WHERE job = $1 AND slot_ms = $2"),
+            release: format!(
+                "UPDATE {runs} SET state = $3, finished_at_ms = $4 WHERE job = $1 AND slot_ms = $2"
+            ),
+            end_lease: format!(
+                "UPDATE {runs} SET lease_until_ms = $4
+                 WHERE job = $1 AND slot_ms = $2 AND token = $3
+                   AND state = 'RUNNING' AND lease_until_ms > $4"
+            ),
+            end_leases_of: format!(
+                "WITH c AS (SELECT {NOW_MS} AS now_ms)
+                 UPDATE {runs} SET lease_until_ms = c.now_ms FROM c
+                 WHERE holder_node = $1 AND holder_instance = $2
+                   AND state = 'RUNNING' AND lease_until_ms > c.now_ms"
+            ),
+            history: format!(
+                "SELECT {RUN_COLUMNS} FROM {runs} WHERE job = $1 AND slot_ms < $2
+                 ORDER BY slot_ms DESC LIMIT $3"
+            ),
+            // Only runs whose slot is older than the cutoff too: a slot
+            // claimed long before its time must not be forgotten before a late
+            // claim of it could still come.
+            prune: format!(
+                "DELETE FROM {runs} WHERE (job, slot_ms) IN (
+                   SELECT job, slot_ms FROM {runs}
+                   WHERE claimed_at_ms < $1 AND slot_ms < $1
+                     AND (state <> 'RUNNING' OR lease_until_ms < $1)
+                   LIMIT $2 FOR UPDATE SKIP LOCKED)"
+            ),
+        }
+    }
+}
+
+pub struct PostgresStore {
+    pool: PgPool,
+    sql: Statements,
+    outages: Arc<Outages>,
+    info: StoreInfo,
+}
+
+impl PostgresStore {
+    /// Connects, runs the migrations for `table` and returns the store.
+    /// `url` is a URL as returned by [`parse_url`] (no `table` parameter).
+    pub async fn open(
+        url: &str,
+        table: &str,
+        max_connections: u32,
+        opts: &StoreOptions,
+    ) -> Result<PostgresStore> {
+        check_table(table)?;
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::invalid("backend", format!("postgres URL: {e}")))?;
+        // No ping before every acquire (one more round trip per request):
+        // only connections idle since the last outage are checked.
+        let outages = Arc::new(Outages::new());
+        let check = outages.clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(0)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(move |conn, meta| {
+                let suspect = check.suspect(meta.idle_for);
+                Box::pin(async move {
+                    if suspect {
+                        // An error closes this connection; the pool takes another.
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_with(connect)
+            .await
+            .map_err(|e| Fail::from(e).into_error())?;
+        migrate(&pool, table).await?;
+        Ok(PostgresStore {
+            pool,
+            sql: Statements::new(table),
+            outages,
+            info: StoreInfo {
+                backend: "postgres",
+                leases: true,
+                full_history: true,
+                retention: sql::retention_note(opts.retention),
+            },
+        })
+    }
+}
+
+/// The advisory lock key that serialises the migrations of one prefix.
+fn migration_lock_key(table: &str) -> i64 {
+    let digest = Sha256::digest(format!("anarchon migrations {table}").as_bytes());
+    let mut key = [0u8; 8];
+    key.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(key)
+}
+
+/// Applies the embedded migrations that `<table>_migrations` does not list,
+/// in one transaction that holds an advisory lock for the prefix: sidecars
+/// starting at once against an empty database queue here, and the first one
+/// creates the tables while the others then find them done.
+async fn migrate(pool: &PgPool, table: &str) -> Result<()> {
+    let run = async {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(migration_lock_key(table))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(&format!(
+            "CREATE TABLE IF NOT EXISTS {table}_migrations (
+               version    INTEGER     PRIMARY KEY,
+               name       TEXT        NOT NULL,
+               applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        ))
+        .execute(&mut *tx)
+        .await?;
+        let applied: Vec<i32> =
+            sqlx::query_scalar(&format!("SELECT version FROM {table}_migrations"))
+                .fetch_all(&mut *tx)
+                .await?;
+        for (version, name, text) in MIGRATIONS {
+            if applied.contains(version) {
+                continue;
+            }
+            sqlx::raw_sql(&text.replace("{prefix}", table))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(&format!(
+                "INSERT INTO {table}_migrations (version, name) VALUES ($1, $2)"
+            ))
+            .bind(version)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+            tracing::info!(version, name, table, "applied postgres migration");
+        }
+        let known = MIGRATIONS.iter().map(|m| m.0).max().unwrap_or(0);
+        if let Some(newer) = applied.iter().copied().filter(|&v| v > known).max() {
+            tracing::warn!(
+                version = newer,
+                known,
+                table,
+                "the database was migrated by a newer anarchon"
+            );
+        }
+        tx.commit().await?;
+        Ok::<(), Fail>(())
+    };
+    run.await.map_err(|f| match f.into_error() {
+        Error::Store(m) => Error::Store(format!("postgres migrations failed: {m}")),
+        other => other,
+    })
+}
+
+/// The runs, through one connection of this store (inside the job's lock
+/// when the claim writes). `fence` is the job's counter read under the lock.
+struct PgRuns<'a> {
+    conn: &'a mut PgConnection,
+    sql: &'a Statements,
+    fence: u64,
+}
+
+#[async_trait]
+impl RunAccess for PgRuns<'_> {
+    type Err = Fail;
+
+    async fn run(&mut self, job: &Job, slot: SlotMs) -> Attempt<Option<RunRow>> {
+        let row = sqlx::query(&self.sql.run_for_update)
+            .bind(job.as_str())
+            .bind(slot)
+            .fetch_optional(&mut *self.conn)
+            .await?;
+        Ok(row.as_ref().map(run_from_row).transpose()?)
+    }
+
+    async fn others(&mut self, job: &Job, slot: SlotMs, now: i64) -> Attempt<Vec<RunRow>> {
+        let rows = sqlx::query(&self.sql.others)
+            .bind(job.as_str())
+            .bind(slot)
+            .bind(now)
+            .fetch_all(&mut *self.conn)
+            .await?;
+        Ok(rows.iter().map(run_from_row).collect::<Result<_>>()?)
+    }
+
+    async fn next_fence(&mut self, _job: &Job) -> Attempt<u64> {
+        // The job row is locked: nobody else moves its counter until COMMIT,
+        // and `write` stores the new value together with the run.
+        self.fence += 1;
+        Ok(self.fence)
+    }
+
+    async fn write(&mut self, job: &Job, run: &RunRow) -> Attempt<()> {
+        sql::bind_run(sqlx::query(&self.sql.write_run), job, run)
+            .bind(self.fence as i64)
+            .execute(&mut *self.conn)
+            .await?;
+        Ok(())
+    }
+}
+
+impl PostgresStore {
+    /// Runs `op`, again after a serialization failure or deadlock, a
+    /// bounded number of times with small jittered backoff; notes an outage
+    /// when the answer is `UNAVAILABLE`.
+    async fn retrying<T, F, Fut>(&self, op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Attempt<T>>,
+    {
+        let policy = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(2))
+            .with_max_delay(Duration::from_millis(50))
+            .with_max_times(CONFLICT_RETRIES)
+            .with_jitter();
+        let out = op
+            .retry(policy)
+            .when(|f| matches!(f, Fail::Conflict(_)))
+            .notify(|f, after| tracing::debug!(error = ?f, ?after, "postgres conflict, retrying"))
+            .await
+            .map_err(Fail::into_error);
+        if let Err(Error::Unavailable(e)) = &out {
+            tracing::warn!(error = %e, "postgres unavailable");
+            self.outages.mark();
+        }
+        out
+    }
+
+    fn runs<'a>(&'a self, conn: &'a mut PgConnection, fence: u64) -> PgRuns<'a> {
+        PgRuns {
+            conn,
+            sql: &self.sql,
+            fence,
+        }
+    }
+
+    /// The database's clock and the run, read without a lock.
+    async fn peek(
+        &self,
+        conn: &mut PgConnection,
+        job: &Job,
+        slot: SlotMs,
+    ) -> Attempt<(i64, Option<RunRow>)> {
+        let row = sqlx::query(&self.sql.peek)
+            .bind(job.as_str())
+            .bind(slot)
+            .fetch_one(conn)
+            .await?;
+        let now: i64 = row.try_get("now_ms")?;
+        let present = row.try_get::<Option<String>, _>("state")?.is_some();
+        let run = if present {
+            Some(run_from_row(&row)?)
+        } else {
+            None
+        };
+        Ok((now, run))
+    }
+
+    /// Locks an existing job row; `None` when the job has no row (so no runs).
+    async fn lock_existing_job(&self, conn: &mut PgConnection, job: &Job) -> Attempt<Option<i64>> {
+        Ok(sqlx::query_scalar(&self.sql.lock_existing_job)
+            .bind(job.as_str())
+            .fetch_optional(conn)
+            .await?)
+    }
+
+    async fn claim_once(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Attempt<ClaimAnswer> {
+        // Read before the transaction: most answers need no lock.
+        {
+            let mut conn = self.pool.acquire().await?;
+            let (now, run) = self.peek(&mut conn, &spec.job, spec.slot_ms).await?;
+            let mut runs = self.runs(&mut conn, 0);
+            if let Some(a) =
+                sql::answer_without_write(&mut runs, spec, dead, now, run.as_ref()).await?
+            {
+                return Ok(a);
+            }
+        }
+        // Lock the job, decide again, write.
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&self.sql.lock_job)
+            .bind(spec.job.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+        let fence: i64 = row.try_get("fence")?;
+        let now: i64 = row.try_get("now_ms")?;
+        let mut runs = self.runs(&mut tx, fence as u64);
+        let out = sql::claim_locked(&mut runs, spec, dead, now).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn renew_once(&self, spec: &RenewSpec, dead: &DeadHolders) -> Attempt<Renewed> {
+        // Refuse without a lock when a plain read already says so.
+        {
+            let mut conn = self.pool.acquire().await?;
+            let (_, snap) = self.peek(&mut conn, &spec.job, spec.slot_ms).await?;
+            decide_renew(snap.as_ref(), &spec.token, dead)?;
+        }
+        let mut tx = self.pool.begin().await?;
+        let now = self
+            .lock_existing_job(&mut tx, &spec.job)
+            .await?
+            .ok_or_else(|| Error::NotFound("no such run".into()))?;
+        let mut runs = self.runs(&mut tx, 0);
+        let run = runs.run(&spec.job, spec.slot_ms).await?;
+        let r = decide_renew(run.as_ref(), &spec.token, dead)?;
+        let lease_until = now.saturating_add(spec.lease_ms);
+        sqlx::query(&self.sql.renew)
+            .bind(spec.job.as_str())
+            .bind(spec.slot_ms)
+            .bind(lease_until)
+            .execute(&mut *tx)
+            .await?;
+        let out = Renewed {
+            lease_until_ms: lease_until,
+            attempt: r.attempt,
+            fencing: r.fencing,
+            now_ms: now,
+        };
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn release_once(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Attempt<()> {
+        {
+            let mut conn = self.pool.acquire().await?;
+            let (_, snap) = self.peek(&mut conn, &spec.job, spec.slot_ms).await?;
+            if decide_release(snap.as_ref(), &spec.token, dead)? == ReleaseDecision::AlreadyReleased
+            {
+                return Ok(());
+            }
+        }
+        let mut tx = self.pool.begin().await?;
+        let now = self
+            .lock_existing_job(&mut tx, &spec.job)
+            .await?
+            .ok_or_else(|| Error::NotFound("no such run".into()))?;
+        let mut runs = self.runs(&mut tx, 0);
+        let run = runs.run(&spec.job, spec.slot_ms).await?;
+        if decide_release(run.as_ref(), &spec.token, dead)? == ReleaseDecision::Write {
+            sqlx::query(&self.sql.release)
+                .bind(spec.job.as_str())
+                .bind(spec.slot_ms)
+                .bind(spec.result.state().as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn end_lease_once(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Attempt<bool> {
+        let mut tx = self.pool.begin().await?;
+        let Some(now) = self.lock_existing_job(&mut tx, job).await? else {
+            return Ok(false);
+        };
+        let n = sqlx::query(&self.sql.end_lease)
+            .bind(job.as_str())
+            .bind(slot_ms)
+            .bind(token.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(n > 0)
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn info(&self) -> &StoreInfo {
+        &self.info
+    }
+
+    async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Result<ClaimAnswer> {
+        self.retrying(|| self.claim_once(spec, dead)).await
+    }
+
+    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
+        self.retrying(|| self.renew_once(spec, dead)).await
+    }
+
+    async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()> {
+        self.retrying(|| self.release_once(spec, dead)).await
+    }
+
+    async fn history(
+        &self,
+        job: &Job,
+        limit: u32,
+        before_slot_ms: Option<i64>,
+    ) -> Result<HistoryPage> {
+        let rows = self
+            .retrying(|| async {
+                Ok(sqlx::query(&self.sql.history)
+                    .bind(job.as_str())
+                    .bind(before_slot_ms.unwrap_or(i64::MAX))
+                    .bind(limit as i64)
+                    .fetch_all(&self.pool)
+                    .await?)
+            })
+            .await?;
+        Ok(HistoryPage {
+            runs: rows.iter().map(run_from_row).collect::<Result<_>>()?,
+            complete: true,
+            note: None,
+        })
+    }
+
+    async fn end_lease(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Result<bool> {
+        self.retrying(|| self.end_lease_once(job, slot_ms, token))
+            .await
+    }
+
+    /// One statement: each run's row lock orders it against a claim of that
+    /// run (which holds the row `FOR UPDATE`), and the condition is checked
+    /// again on the newest row version after the wait.
+    async fn end_leases_of(&self, holder: &Holder) -> Result<u64> {
+        self.retrying(|| async {
+            Ok(sqlx::query(&self.sql.end_leases_of)
+                .bind(&holder.node)
+                .bind(holder.instance as i64)
+                .execute(&self.pool)
+                .await?
+                .rows_affected())
+        })
+        .await
+    }
+
+    /// Deletes one batch; rows a claim holds are skipped, not waited for.
+    async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64> {
+        self.retrying(|| async {
+            Ok(sqlx::query(&self.sql.prune)
+                .bind(cutoff_ms)
+                .bind(batch as i64)
+                .execute(&self.pool)
+                .await?
+                .rows_affected())
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.retrying(|| async {
+            sqlx::query("SELECT 1").execute(&self.pool).await?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let Backend::Postgres {
+            url,
+            table,
+            max_connections,
+        } = parse_url("postgres://u@h:5433/db?table=t_1&sslmode=disable").unwrap()
+        else {
+            panic!("not postgres")
+        };
+        assert_eq!(table, "t_1");
+        assert_eq!(max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(
+            url,
+            "postgres://u@h:5433/db?sslmode=disable&application_name=anarchon%2Ft_1"
+        );
+        let Backend::Postgres { url, table, .. } =
+            parse_url("postgresql://u@h/db?application_name=x&max_connections=3").unwrap()
+        else {
+            panic!("not postgres")
+        };
+        assert_eq!(table, DEFAULT_TABLE);
+        assert_eq!(url, "postgresql://u@h/db?application_name=x");
+    }
+
+    #[test]
+    fn table_prefix_is_checked_and_named() {
+        for bad in ["", "1abc", "A", "a-b", "a;drop", &"a".repeat(42), "ü"] {
+            let e = parse_url(&format!("postgres://u@h/db?table={bad}")).unwrap_err();
+            assert!(
+                matches!(e, Error::InvalidArgument { field: "table", .. }),
+                "{bad}: {e}"
+            );
+        }
+        for good in ["_", "a", "anarchon", "t_0f", &"a".repeat(41)] {
+            assert!(parse_url(&format!("postgres://u@h/db?table={good}")).is_ok());
+        }
+        let e = parse_url("postgres://u@h/db?max_connections=0").unwrap_err();
+        assert!(matches!(
+            e,
+            Error::InvalidArgument {
+                field: "max_connections",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn lock_keys_differ_per_prefix() {
+        assert_ne!(migration_lock_key("a"), migration_lock_key("b"));
+        assert_eq!(migration_lock_key("a"), migration_lock_key("a"));
+    }
+}

@@ -1,0 +1,61 @@
+//! The local PostgreSQL (trust auth, database `test`): each test gets its
+//! own table prefix, so tests never see each other's rows.
+
+use anarchon::store::{self, DynStore, StoreOptions};
+
+use super::services;
+
+/// The server every PostgreSQL test uses.
+pub const URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// Whether the server is there (skips outside CI, fails under CI=true).
+pub fn available() -> bool {
+    services::require("PostgreSQL", "127.0.0.1:5432")
+}
+
+/// A fresh table prefix.
+pub fn prefix() -> String {
+    format!("t_{:016x}", rand::random::<u64>())
+}
+
+/// The backend URL of a prefix.
+pub fn backend(prefix: &str) -> String {
+    format!("{URL}?table={prefix}")
+}
+
+/// The `application_name` of a store on `prefix` (see `postgres::parse_url`).
+pub fn application_name(prefix: &str) -> String {
+    format!("anarchon/{prefix}")
+}
+
+/// A store on a fresh prefix, or `None` when PostgreSQL is not reachable.
+pub async fn store() -> Option<DynStore> {
+    if !available() {
+        return None;
+    }
+    Some(
+        store::open(&backend(&prefix()), &StoreOptions::default())
+            .await
+            .unwrap(),
+    )
+}
+
+/// A plain pool for a test's own statements.
+pub async fn admin() -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(URL)
+        .await
+        .unwrap()
+}
+
+/// Drops the tables of `prefix`.
+pub async fn drop_tables(prefix: &str) {
+    let pool = admin().await;
+    sqlx::raw_sql(&format!(
+        "DROP TABLE IF EXISTS {prefix}_runs, {prefix}_jobs, {prefix}_migrations"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+}
