@@ -188,6 +188,25 @@ impl Fail {
     }
 }
 
+/// Runs `op`, again after a serialization failure or deadlock, a bounded
+/// number of times with small jittered backoff.
+async fn retry_conflicts<T, F, Fut>(op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Attempt<T>>,
+{
+    let policy = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(2))
+        .with_max_delay(Duration::from_millis(50))
+        .with_max_times(CONFLICT_RETRIES)
+        .with_jitter();
+    op.retry(policy)
+        .when(|f| matches!(f, Fail::Conflict(_)))
+        .notify(|f, after| tracing::debug!(error = ?f, ?after, "postgres conflict, retrying"))
+        .await
+        .map_err(Fail::into_error)
+}
+
 /// When this store last saw the database become unavailable. A pooled
 /// connection that has been idle since then may have been cut (server
 /// restart, terminated backend), so it is pinged once before its next use
@@ -470,25 +489,13 @@ impl RunAccess for PgRuns<'_> {
 }
 
 impl PostgresStore {
-    /// Runs `op`, again after a serialization failure or deadlock, a
-    /// bounded number of times with small jittered backoff; notes an outage
-    /// when the answer is `UNAVAILABLE`.
+    /// [`retry_conflicts`], noting an outage when the answer is `UNAVAILABLE`.
     async fn retrying<T, F, Fut>(&self, op: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Attempt<T>>,
     {
-        let policy = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(2))
-            .with_max_delay(Duration::from_millis(50))
-            .with_max_times(CONFLICT_RETRIES)
-            .with_jitter();
-        let out = op
-            .retry(policy)
-            .when(|f| matches!(f, Fail::Conflict(_)))
-            .notify(|f, after| tracing::debug!(error = ?f, ?after, "postgres conflict, retrying"))
-            .await
-            .map_err(Fail::into_error);
+        let out = retry_conflicts(op).await;
         if let Err(Error::Unavailable(e)) = &out {
             tracing::warn!(error = %e, "postgres unavailable");
             self.outages.mark();
@@ -771,6 +778,119 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A server error with just a SQLSTATE.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "sqlstate {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            self.0
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn db(code: &'static str) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(Coded(code)))
+    }
+
+    #[test]
+    fn errors_are_translated() {
+        for c in ["40001", "40P01"] {
+            assert!(matches!(Fail::from(db(c)), Fail::Conflict(_)), "{c}");
+        }
+        for c in [
+            "08006", "57P01", "57P03", "53300", "25006", "55P03", "57014",
+        ] {
+            assert!(
+                matches!(Fail::from(db(c)).into_error(), Error::Unavailable(_)),
+                "{c}"
+            );
+        }
+        for c in ["23505", "42P01", "22P02"] {
+            assert!(
+                matches!(Fail::from(db(c)).into_error(), Error::Store(_)),
+                "{c}"
+            );
+        }
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        for e in [io, sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
+            assert!(matches!(Fail::from(e).into_error(), Error::Unavailable(_)));
+        }
+        assert!(matches!(
+            Fail::from(sqlx::Error::RowNotFound).into_error(),
+            Error::Store(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn conflicts_are_retried_a_bounded_number_of_times() {
+        let tries = std::sync::atomic::AtomicUsize::new(0);
+        let out = retry_conflicts(|| async {
+            match tries.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => Err(Fail::from(db("40P01"))),
+                _ => Ok(7),
+            }
+        })
+        .await;
+        assert_eq!(out.unwrap(), 7);
+        assert_eq!(tries.load(Ordering::SeqCst), 3);
+
+        tries.store(0, Ordering::SeqCst);
+        let out: Result<()> = retry_conflicts(|| async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err(Fail::from(db("40001")))
+        })
+        .await;
+        assert!(matches!(out, Err(Error::Unavailable(_))), "{out:?}");
+        assert_eq!(tries.load(Ordering::SeqCst), CONFLICT_RETRIES + 1);
+
+        // Anything else is not retried.
+        tries.store(0, Ordering::SeqCst);
+        let out: Result<()> = retry_conflicts(|| async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err(Fail::from(db("57P01")))
+        })
+        .await;
+        assert!(matches!(out, Err(Error::Unavailable(_))));
+        assert_eq!(tries.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn outages_make_older_idle_connections_suspect() {
+        let o = Outages::new();
+        assert!(!o.suspect(Duration::from_secs(3600)), "no outage yet");
+        std::thread::sleep(Duration::from_millis(5));
+        o.mark();
+        assert!(
+            o.suspect(Duration::from_millis(10)),
+            "idle before the outage"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!o.suspect(Duration::ZERO), "used after the outage");
     }
 
     #[test]
