@@ -8,6 +8,8 @@
 
 pub mod identity;
 pub mod marks;
+pub mod node;
 pub mod table;
 
 pub use identity::Identity;
+pub use node::{Mesh, MeshConfig};

@@ -106,6 +106,14 @@ impl PeerTable {
         self.own.as_ref().map(|(m, _)| m)
     }
 
+    /// Our own beat and how long ago it rose.
+    pub fn own_beat(&self, now: Instant) -> (u64, i64) {
+        match &self.own {
+            Some((m, at)) => (m.beat, now.saturating_duration_since(*at).as_millis() as i64),
+            None => (0, 0),
+        }
+    }
+
     /// Restores a runtime known before a restart: who was there, never
     /// freshness. It stays `EXPIRED` until it beats again.
     pub fn restore(&mut self, mark: pb::Mark) {
