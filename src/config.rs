@@ -82,6 +82,12 @@ pub struct Config {
     pub drain_ms: u64,
     /// `plain` or `json`.
     pub log_format: String,
+    /// Most runtimes the mesh keeps track of.
+    pub max_runtimes: usize,
+    /// Largest sync frame accepted, in bytes.
+    pub max_frame_bytes: usize,
+    /// Events a `WatchPeers` client may fall behind before it is cut off.
+    pub watch_buffer: usize,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,
@@ -112,6 +118,9 @@ impl Default for Config {
             busy_timeout_ms: 5_000,
             drain_ms: 5_000,
             log_format: "plain".into(),
+            max_runtimes: 1024,
+            max_frame_bytes: 4 << 20,
+            watch_buffer: 256,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -143,6 +152,9 @@ const KEYS: &[&str] = &[
     "busy_timeout_ms",
     "drain_ms",
     "log_format",
+    "max_runtimes",
+    "max_frame_bytes",
+    "watch_buffer",
     "tls_cert",
     "tls_key",
     "tls_client_ca",
@@ -261,6 +273,15 @@ impl Config {
         Overlap::parse(&self.overlap).map_err(|_| err("overlap", "must be allow or skip"))?;
         if !matches!(self.log_format.as_str(), "plain" | "json") {
             return Err(err("log_format", "must be plain or json"));
+        }
+        if self.max_runtimes == 0 {
+            return Err(err("max_runtimes", "must be at least 1"));
+        }
+        if self.max_frame_bytes < 64 << 10 {
+            return Err(err("max_frame_bytes", "must be at least 65536"));
+        }
+        if self.watch_buffer == 0 {
+            return Err(err("watch_buffer", "must be at least 1"));
         }
         if self.busy_timeout_ms == 0 {
             return Err(err("busy_timeout_ms", "must be positive"));

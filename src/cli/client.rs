@@ -431,13 +431,17 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
                     "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} ADDRESS",
                     "NODE", "INSTANCE", "RESTARTS", "STATE", "LINK", "BEAT"
                 );
-                for p in all {
+                for (i, p) in all.into_iter().enumerate() {
                     let state = pb::PeerState::try_from(p.state)
                         .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
                         .unwrap_or("?");
-                    let link = pb::Link::try_from(p.link)
-                        .map(|s| s.as_str_name().trim_start_matches("LINK_"))
-                        .unwrap_or("?");
+                    let link = if i == 0 {
+                        "SELF"
+                    } else {
+                        pb::Link::try_from(p.link)
+                            .map(|s| s.as_str_name().trim_start_matches("LINK_"))
+                            .unwrap_or("?")
+                    };
                     println!(
                         "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}",
                         p.node,

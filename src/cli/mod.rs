@@ -4,6 +4,7 @@
 //! 4 lease lost (`hold`), 64 invalid configuration; `hold` otherwise exits
 //! with its command's status.
 
+pub mod bench;
 mod client;
 mod hold;
 mod serve;
@@ -48,6 +49,8 @@ pub enum Command {
     Hold(hold::HoldArgs),
     /// List this sidecar's view of the mesh.
     Peers(client::PeersArgs),
+    /// Measure claims/s and latency through the sidecar against the raw store step.
+    Bench(bench::BenchArgs),
 }
 
 /// Options every client subcommand takes.
@@ -83,5 +86,6 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::History(a) => rt.block_on(client::history(a)),
         Command::Hold(a) => rt.block_on(hold::hold(a)),
         Command::Peers(a) => rt.block_on(client::peers(a)),
+        Command::Bench(a) => rt.block_on(bench::bench(a)),
     }
 }

@@ -1,4 +1,5 @@
-//! The admin HTTP server: `/healthz`, `/readyz`, `/metrics`.
+//! The admin HTTP server: `/healthz`, `/readyz`, `/metrics`,
+//! `/api/v1/mesh/state`.
 
 use std::sync::Arc;
 
@@ -9,12 +10,14 @@ use axum::routing::get;
 use axum::Router;
 
 use super::metrics::Metrics;
+use crate::mesh::Mesh;
 use crate::store::DynStore;
 
 #[derive(Clone)]
 pub struct AdminState {
     pub store: DynStore,
     pub metrics: Arc<Metrics>,
+    pub mesh: Arc<Mesh>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -22,6 +25,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/api/v1/mesh/state", get(mesh_state))
         .with_state(state)
 }
 
@@ -38,7 +42,12 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     }
 }
 
+async fn mesh_state(State(s): State<AdminState>) -> impl IntoResponse {
+    axum::Json(s.mesh.state_json())
+}
+
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    s.metrics.sync_mesh(&s.mesh.counters());
     (
         [(
             header::CONTENT_TYPE,

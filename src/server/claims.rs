@@ -25,18 +25,6 @@ pub trait Liveness: Send + Sync + 'static {
     fn dead_holders(&self) -> DeadHolders;
 }
 
-/// Without a mesh, the only thing known for sure is that older instances of
-/// this node are dead (it restarted).
-pub struct SelfOnly(pub Holder);
-
-impl Liveness for SelfOnly {
-    fn dead_holders(&self) -> DeadHolders {
-        let mut d = DeadHolders::none();
-        d.set_current(&self.0.node, self.0.instance);
-        d
-    }
-}
-
 /// Everything the Claims service needs.
 pub struct ClaimsState {
     pub store: DynStore,

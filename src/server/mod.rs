@@ -15,19 +15,19 @@ pub mod validate;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::mesh::Identity;
+use crate::mesh::{Identity, Mesh, MeshConfig};
 use crate::proto as pb;
 use crate::store::{self, StoreOptions};
 use crate::Config;
 
-pub use claims::{ClaimsService, ClaimsState, Liveness, SelfOnly};
+pub use claims::{ClaimsService, ClaimsState, Liveness};
 
 /// The bound sockets the sidecar serves on.
 pub struct Listeners {
@@ -73,16 +73,37 @@ pub async fn run(
         .with_context(|| format!("cannot open backend {}", redact(&url)))?;
     tracing::info!(backend = store.info().backend, "store ready");
 
+    let advertise = if cfg.advertise.is_empty() {
+        grpc_addr.to_string()
+    } else {
+        cfg.advertise.clone()
+    };
+    let secret = match &cfg.mesh_secret_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read mesh_secret_file {}", p.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let (mesh_stop_tx, mesh_stop_rx) = watch::channel(false);
+    let mesh = Mesh::start(
+        identity.clone(),
+        MeshConfig::from_config(&cfg, advertise, secret),
+        mesh_stop_rx,
+    );
+
     let metrics = Arc::new(metrics::Metrics::default());
     metrics.store_up.set(1);
-    let (drain_tx, drain_rx) = watch::channel(false);
     let (changed, _) = watch::channel(0u64);
     let state = Arc::new(ClaimsState {
         store: store.clone(),
         defaults: validate::ClaimDefaults::from_config(&cfg),
         holder: holder.clone(),
         metrics: metrics.clone(),
-        liveness: Arc::new(SelfOnly(holder.clone())),
+        liveness: mesh.clone(),
         changed,
         poll: Duration::from_millis(cfg.heartbeat_ms),
         shutdown: drain_rx,
@@ -100,18 +121,7 @@ pub async fn run(
         .build_v1()
         .context("reflection")?;
 
-    let advertise = if cfg.advertise.is_empty() {
-        grpc_addr.to_string()
-    } else {
-        cfg.advertise.clone()
-    };
-    let mesh = mesh::MeshService {
-        node: identity.node.clone(),
-        instance: identity.instance,
-        address: advertise,
-        labels: cfg.label.clone(),
-        started: Instant::now(),
-    };
+    let mesh_svc = mesh::MeshService(mesh.clone());
 
     let pruner = tokio::spawn(store::prune_loop(
         store.clone(),
@@ -125,9 +135,12 @@ pub async fn run(
         let health = health.clone();
         let store = store.clone();
         let holder = holder.clone();
+        let mesh = mesh.clone();
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("draining");
+            // Tell the peers first, so they stop counting on us at once.
+            mesh.leave().await;
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
@@ -141,6 +154,7 @@ pub async fn run(
                 Err(e) => tracing::warn!(error = %e, "could not end held leases on leave"),
             }
             let _ = stop_tx.send(true);
+            let _ = mesh_stop_tx.send(true);
         });
     }
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -152,6 +166,7 @@ pub async fn run(
             let router = admin::router(admin::AdminState {
                 store: store.clone(),
                 metrics: metrics.clone(),
+                mesh: mesh.clone(),
             });
             let stop = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
@@ -165,7 +180,11 @@ pub async fn run(
         .add_service(health_svc)
         .add_service(reflection)
         .add_service(pb::claims_server::ClaimsServer::new(ClaimsService(state)))
-        .add_service(pb::mesh_server::MeshServer::new(mesh))
+        .add_service(
+            pb::mesh_server::MeshServer::new(mesh_svc)
+                .max_decoding_message_size(cfg.max_frame_bytes)
+                .max_encoding_message_size(cfg.max_frame_bytes),
+        )
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listeners.grpc),
             stopped(stop_rx.clone()),

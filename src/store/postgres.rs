@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::{Connection, Executor, PgConnection, Row};
 
 use super::sql::{self, run_from_row, RunAccess, RUN_COLUMNS};
 use super::{Backend, Store, StoreInfo, StoreOptions};
@@ -389,56 +389,55 @@ fn migration_lock_key(table: &str) -> i64 {
 /// starting at once against an empty database queue here, and the first one
 /// creates the tables while the others then find them done.
 async fn migrate(pool: &PgPool, table: &str) -> Result<()> {
-    let run = async {
-        let mut tx = pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(migration_lock_key(table))
-            .execute(&mut *tx)
-            .await?;
-        sqlx::raw_sql(&format!(
-            "CREATE TABLE IF NOT EXISTS {table}_migrations (
-               version    INTEGER     PRIMARY KEY,
-               name       TEXT        NOT NULL,
-               applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-        ))
+    migrate_once(pool, table)
+        .await
+        .map_err(|f| match f.into_error() {
+            Error::Store(m) => Error::Store(format!("postgres migrations failed: {m}")),
+            other => other,
+        })
+}
+
+async fn migrate_once(pool: &PgPool, table: &str) -> Attempt<()> {
+    let create = format!(
+        "CREATE TABLE IF NOT EXISTS {table}_migrations (
+           version    INTEGER     PRIMARY KEY,
+           name       TEXT        NOT NULL,
+           applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    );
+    let select = format!("SELECT version FROM {table}_migrations");
+    let record = format!("INSERT INTO {table}_migrations (version, name) VALUES ($1, $2)");
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(migration_lock_key(table))
         .execute(&mut *tx)
         .await?;
-        let applied: Vec<i32> =
-            sqlx::query_scalar(&format!("SELECT version FROM {table}_migrations"))
-                .fetch_all(&mut *tx)
-                .await?;
-        for (version, name, text) in MIGRATIONS {
-            if applied.contains(version) {
-                continue;
-            }
-            sqlx::raw_sql(&text.replace("{prefix}", table))
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(&format!(
-                "INSERT INTO {table}_migrations (version, name) VALUES ($1, $2)"
-            ))
+    (&mut *tx).execute(create.as_str()).await?;
+    let applied: Vec<i32> = sqlx::query_scalar(&select).fetch_all(&mut *tx).await?;
+    for (version, name, text) in MIGRATIONS {
+        if applied.contains(version) {
+            continue;
+        }
+        // Several statements: sent as one simple query (no parameters).
+        let text = text.replace("{prefix}", table);
+        (&mut *tx).execute(text.as_str()).await?;
+        sqlx::query(&record)
             .bind(version)
             .bind(name)
             .execute(&mut *tx)
             .await?;
-            tracing::info!(version, name, table, "applied postgres migration");
-        }
-        let known = MIGRATIONS.iter().map(|m| m.0).max().unwrap_or(0);
-        if let Some(newer) = applied.iter().copied().filter(|&v| v > known).max() {
-            tracing::warn!(
-                version = newer,
-                known,
-                table,
-                "the database was migrated by a newer anarchon"
-            );
-        }
-        tx.commit().await?;
-        Ok::<(), Fail>(())
-    };
-    run.await.map_err(|f| match f.into_error() {
-        Error::Store(m) => Error::Store(format!("postgres migrations failed: {m}")),
-        other => other,
-    })
+        tracing::info!(version, name, table, "applied postgres migration");
+    }
+    let known = MIGRATIONS.iter().map(|m| m.0).max().unwrap_or(0);
+    if let Some(newer) = applied.iter().copied().filter(|&v| v > known).max() {
+        tracing::warn!(
+            version = newer,
+            known,
+            table,
+            "the database was migrated by a newer anarchon"
+        );
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// The runs, through one connection of this store (inside the job's lock

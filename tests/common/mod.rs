@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod contest;
+pub mod inproc;
 pub mod pg;
 pub mod process;
 pub mod services;
