@@ -446,6 +446,8 @@ struct PgRuns<'a> {
     conn: &'a mut PgConnection,
     sql: &'a Statements,
     fence: u64,
+    /// Whether a run was written (else the transaction is rolled back).
+    wrote: bool,
 }
 
 #[async_trait]
@@ -483,6 +485,7 @@ impl RunAccess for PgRuns<'_> {
             .bind(self.fence as i64)
             .execute(&mut *self.conn)
             .await?;
+        self.wrote = true;
         Ok(())
     }
 }
@@ -507,6 +510,7 @@ impl PostgresStore {
             conn,
             sql: &self.sql,
             fence,
+            wrote: false,
         }
     }
 
@@ -562,7 +566,14 @@ impl PostgresStore {
         let now: i64 = row.try_get("now_ms")?;
         let mut runs = self.runs(&mut tx, fence as u64);
         let out = sql::claim_locked(&mut runs, spec, dead, now).await?;
-        tx.commit().await?;
+        // Nothing written (someone else won meanwhile): roll back, which
+        // also drops the no-op update of the job row and so does not wait
+        // for a WAL flush the way a commit would.
+        if runs.wrote {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
         Ok(out)
     }
 
