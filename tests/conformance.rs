@@ -62,7 +62,11 @@ async fn sqlite() -> Option<DynStore> {
 }
 
 conformance!(sqlite, sqlite());
-conformance!(postgres, common::pg::store());
+conformance!(postgres, common::pg::store(""));
+conformance!(
+    postgres_transaction,
+    common::pg::store("&claim=transaction")
+);
 
 #[allow(unused)]
 fn _services_used() -> bool {

@@ -18,7 +18,7 @@ mod postgres;
 mod sql;
 mod sqlite;
 
-pub use postgres::PostgresStore;
+pub use postgres::{PgClaim, PgTarget, PostgresStore};
 pub use sqlite::SqliteStore;
 
 /// What a backend can do, and how long it remembers a run.
@@ -94,15 +94,8 @@ pub type DynStore = Arc<dyn Store>;
 /// A parsed backend URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
-    Sqlite {
-        path: String,
-    },
-    /// `url` is what the driver gets (without `table`/`max_connections`).
-    Postgres {
-        url: String,
-        table: String,
-        max_connections: u32,
-    },
+    Sqlite { path: String },
+    Postgres(PgTarget),
 }
 
 impl Backend {
@@ -110,7 +103,7 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Sqlite { .. } => "sqlite",
-            Backend::Postgres { .. } => "postgres",
+            Backend::Postgres(_) => "postgres",
         }
     }
 
@@ -140,13 +133,7 @@ impl Backend {
 pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
     match Backend::parse(url)? {
         Backend::Sqlite { path } => Ok(Arc::new(SqliteStore::open(&path, opts).await?)),
-        Backend::Postgres {
-            url,
-            table,
-            max_connections,
-        } => Ok(Arc::new(
-            PostgresStore::open(&url, &table, max_connections, opts).await?,
-        )),
+        Backend::Postgres(target) => Ok(Arc::new(PostgresStore::open(&target, opts).await?)),
     }
 }
 

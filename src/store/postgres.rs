@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Row};
 
 use super::sql::{self, run_from_row, RunAccess, RUN_COLUMNS};
@@ -52,13 +52,46 @@ const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigin
 
 /// The embedded migrations: version, name, SQL with `{prefix}` for the table
 /// prefix. Append only.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "runs",
-    include_str!("../../migrations/postgres/0001_runs.sql"),
-)];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "runs",
+        include_str!("../../migrations/postgres/0001_runs.sql"),
+    ),
+    (
+        2,
+        "claim_function",
+        include_str!("../../migrations/postgres/0002_claim_function.sql"),
+    ),
+];
 
-/// Parses `postgres://USER@HOST:PORT/DB?table=PREFIX[&max_connections=N]`.
+/// Where and how a PostgreSQL store runs, from its backend URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTarget {
+    /// What the driver gets: the URL without the parameters below.
+    pub url: String,
+    /// `table`: the prefix of the store's tables.
+    pub table: String,
+    /// `max_connections`: the pool size.
+    pub max_connections: u32,
+    /// `claim`: how a claim runs.
+    pub claim: PgClaim,
+}
+
+/// How a claim runs. Both take the same steps under the same locks and decide
+/// with the same table; the conformance suite runs against both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PgClaim {
+    /// `claim=function` (default): one round trip, a call of the
+    /// `<prefix>_claim` PL/pgSQL function the migrations create.
+    Function,
+    /// `claim=transaction`: a plain read, then the transaction driven from
+    /// Rust with the shared `claim::decide` (up to six round trips).
+    Transaction,
+}
+
+/// Parses
+/// `postgres://USER@HOST:PORT/DB?table=PREFIX[&max_connections=N][&claim=function|transaction]`.
 /// Every other parameter is left to the driver (`sslmode`, `application_name`,
 /// …). Without an `application_name`, connections are named
 /// `anarchon/<prefix>`, so an operator can find them in `pg_stat_activity`.
@@ -68,6 +101,7 @@ pub(super) fn parse_url(url: &str) -> Result<Backend> {
         .map_err(|e| Error::invalid("backend", format!("not a valid postgres:// URL: {e}")))?;
     let mut table = DEFAULT_TABLE.to_owned();
     let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+    let mut claim = PgClaim::Function;
     let mut named = false;
     let mut rest = Vec::new();
     for (k, v) in u.query_pairs() {
@@ -85,6 +119,18 @@ pub(super) fn parse_url(url: &str) -> Result<Backend> {
                         )
                     })?
             }
+            "claim" => {
+                claim = match &*v {
+                    "function" => PgClaim::Function,
+                    "transaction" => PgClaim::Transaction,
+                    other => {
+                        return Err(Error::invalid(
+                            "claim",
+                            format!("must be function or transaction, got {other:?}"),
+                        ))
+                    }
+                }
+            }
             _ => {
                 named |= k == "application_name";
                 rest.push((k.into_owned(), v.into_owned()));
@@ -96,11 +142,12 @@ pub(super) fn parse_url(url: &str) -> Result<Backend> {
         rest.push(("application_name".into(), format!("anarchon/{table}")));
     }
     u.query_pairs_mut().clear().extend_pairs(rest);
-    Ok(Backend::Postgres {
+    Ok(Backend::Postgres(PgTarget {
         url: u.to_string(),
         table,
         max_connections,
-    })
+        claim,
+    }))
 }
 
 /// The table prefix goes into identifiers, so it is held to
@@ -240,6 +287,9 @@ impl Outages {
 
 /// The statements, spelled once for the configured prefix.
 struct Statements {
+    /// The whole claim, one call of `<prefix>_claim` (see
+    /// `migrations/postgres/0002_claim_function.sql`).
+    claim_fn: String,
     /// The database's clock and the run, without a lock.
     peek: String,
     /// The claim's first statement: upsert the job row (taking its lock),
@@ -264,6 +314,15 @@ impl Statements {
         let runs = format!("{p}_runs");
         let jobs = format!("{p}_jobs");
         Statements {
+            claim_fn: format!(
+                "SELECT o_decision AS decision, o_now_ms AS now_ms,
+                   o_overlap_node AS overlap_node, o_overlap_instance AS overlap_instance,
+                   o_slot_ms AS slot_ms, o_state AS state, o_attempt AS attempt,
+                   o_fencing AS fencing, o_token AS token, o_holder_node AS holder_node,
+                   o_holder_instance AS holder_instance, o_lease_until_ms AS lease_until_ms,
+                   o_claimed_at_ms AS claimed_at_ms, o_finished_at_ms AS finished_at_ms
+                 FROM {p}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            ),
             peek: format!(
                 "SELECT {NOW_MS} AS now_ms, {RUN_COLUMNS}
                  FROM (VALUES (1)) AS one LEFT JOIN {runs} ON job = $1 AND slot_ms = $2"
@@ -322,29 +381,26 @@ impl Statements {
 
 pub struct PostgresStore {
     pool: PgPool,
+    claim: PgClaim,
     sql: Statements,
     outages: Arc<Outages>,
     info: StoreInfo,
 }
 
 impl PostgresStore {
-    /// Connects, runs the migrations for `table` and returns the store.
-    /// `url` is a URL as returned by [`parse_url`] (no `table` parameter).
-    pub async fn open(
-        url: &str,
-        table: &str,
-        max_connections: u32,
-        opts: &StoreOptions,
-    ) -> Result<PostgresStore> {
+    /// Connects, runs the migrations for the target's prefix and returns
+    /// the store.
+    pub async fn open(target: &PgTarget, opts: &StoreOptions) -> Result<PostgresStore> {
+        let table = target.table.as_str();
         check_table(table)?;
-        let connect = PgConnectOptions::from_str(url)
+        let connect = PgConnectOptions::from_str(&target.url)
             .map_err(|e| Error::invalid("backend", format!("postgres URL: {e}")))?;
         // No ping before every acquire (one more round trip per request):
         // only connections idle since the last outage are checked.
         let outages = Arc::new(Outages::new());
         let check = outages.clone();
         let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
+            .max_connections(target.max_connections)
             .min_connections(0)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
@@ -364,6 +420,7 @@ impl PostgresStore {
         migrate(&pool, table).await?;
         Ok(PostgresStore {
             pool,
+            claim: target.claim,
             sql: Statements::new(table),
             outages,
             info: StoreInfo {
@@ -438,6 +495,14 @@ async fn migrate_once(pool: &PgPool, table: &str) -> Attempt<()> {
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// The run in a row whose run columns may all be NULL (no run).
+fn optional_run(row: &PgRow) -> Attempt<Option<RunRow>> {
+    if row.try_get::<Option<String>, _>("state")?.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(run_from_row(row)?))
 }
 
 /// The runs, through one connection of this store (inside the job's lock
@@ -526,14 +591,7 @@ impl PostgresStore {
             .bind(slot)
             .fetch_one(conn)
             .await?;
-        let now: i64 = row.try_get("now_ms")?;
-        let present = row.try_get::<Option<String>, _>("state")?.is_some();
-        let run = if present {
-            Some(run_from_row(&row)?)
-        } else {
-            None
-        };
-        Ok((now, run))
+        Ok((row.try_get("now_ms")?, optional_run(&row)?))
     }
 
     /// Locks an existing job row; `None` when the job has no row (so no runs).
@@ -544,7 +602,61 @@ impl PostgresStore {
             .await?)
     }
 
-    async fn claim_once(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Attempt<ClaimAnswer> {
+    /// The claim in one round trip: `<prefix>_claim` takes the same steps
+    /// as [`Self::claim_transaction`], inside the database.
+    async fn claim_function(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Attempt<ClaimAnswer> {
+        let (dead_nodes, dead_instances): (Vec<&str>, Vec<i64>) = dead
+            .dead()
+            .map(|h| (h.node.as_str(), h.instance as i64))
+            .unzip();
+        let (current_nodes, current_instances): (Vec<&str>, Vec<i64>) =
+            dead.current().map(|(n, &i)| (n.as_str(), i as i64)).unzip();
+        let row = sqlx::query(&self.sql.claim_fn)
+            .bind(spec.job.as_str())
+            .bind(spec.slot_ms)
+            .bind(spec.token.as_str())
+            .bind(spec.holder.node.as_str())
+            .bind(spec.holder.instance as i64)
+            .bind(spec.lease_ms)
+            .bind(spec.max_late_ms)
+            .bind(spec.overlap == Overlap::Skip)
+            .bind(spec.max_attempts as i64)
+            .bind(dead_nodes)
+            .bind(dead_instances)
+            .bind(current_nodes)
+            .bind(current_instances)
+            .fetch_one(&self.pool)
+            .await?;
+        let now: i64 = row.try_get("now_ms")?;
+        let decision: String = row.try_get("decision")?;
+        let d = match decision.as_str() {
+            "late" => Decision::Late,
+            "overlap" => Decision::Overlap(Holder {
+                node: row.try_get("overlap_node")?,
+                instance: row.try_get::<i64, _>("overlap_instance")? as u64,
+            }),
+            "insert" => Decision::Insert,
+            "resend" => Decision::Resend,
+            "running" => Decision::Running,
+            "takeover" => Decision::Takeover,
+            "exhausted" => Decision::Exhausted,
+            "done" => Decision::Done,
+            "relock" => Decision::Relock,
+            other => {
+                return Err(Error::Store(format!("unknown claim decision {other:?}")).into());
+            }
+        };
+        // The run as written when the decision wrote, else as read: what
+        // `Decision::answer` reads from either.
+        let run = optional_run(&row)?;
+        Ok(d.answer(spec, run.as_ref(), run.as_ref(), now))
+    }
+
+    async fn claim_transaction(
+        &self,
+        spec: &ClaimSpec,
+        dead: &DeadHolders,
+    ) -> Attempt<ClaimAnswer> {
         // Read before the transaction: most answers need no lock.
         {
             let mut conn = self.pool.acquire().await?;
@@ -663,7 +775,10 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Result<ClaimAnswer> {
-        self.retrying(|| self.claim_once(spec, dead)).await
+        match self.claim {
+            PgClaim::Function => self.retrying(|| self.claim_function(spec, dead)).await,
+            PgClaim::Transaction => self.retrying(|| self.claim_transaction(spec, dead)).await,
+        }
     }
 
     async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
@@ -743,29 +858,36 @@ impl Store for PostgresStore {
 mod tests {
     use super::*;
 
+    fn target(url: &str) -> PgTarget {
+        match parse_url(url).unwrap() {
+            Backend::Postgres(t) => t,
+            other => panic!("not postgres: {other:?}"),
+        }
+    }
+
     #[test]
     fn urls() {
-        let Backend::Postgres {
-            url,
-            table,
-            max_connections,
-        } = parse_url("postgres://u@h:5433/db?table=t_1&sslmode=disable").unwrap()
-        else {
-            panic!("not postgres")
-        };
-        assert_eq!(table, "t_1");
-        assert_eq!(max_connections, DEFAULT_MAX_CONNECTIONS);
+        let t = target("postgres://u@h:5433/db?table=t_1&sslmode=disable");
         assert_eq!(
-            url,
-            "postgres://u@h:5433/db?sslmode=disable&application_name=anarchon%2Ft_1"
+            t,
+            PgTarget {
+                url: "postgres://u@h:5433/db?sslmode=disable&application_name=anarchon%2Ft_1"
+                    .into(),
+                table: "t_1".into(),
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                claim: PgClaim::Function,
+            }
         );
-        let Backend::Postgres { url, table, .. } =
-            parse_url("postgresql://u@h/db?application_name=x&max_connections=3").unwrap()
-        else {
-            panic!("not postgres")
-        };
-        assert_eq!(table, DEFAULT_TABLE);
-        assert_eq!(url, "postgresql://u@h/db?application_name=x");
+        let t =
+            target("postgresql://u@h/db?application_name=x&max_connections=3&claim=transaction");
+        assert_eq!(t.url, "postgresql://u@h/db?application_name=x");
+        assert_eq!(t.table, DEFAULT_TABLE);
+        assert_eq!(t.max_connections, 3);
+        assert_eq!(t.claim, PgClaim::Transaction);
+        assert!(matches!(
+            parse_url("postgres://u@h/db?claim=lua"),
+            Err(Error::InvalidArgument { field: "claim", .. })
+        ));
     }
 
     #[test]

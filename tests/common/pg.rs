@@ -29,15 +29,13 @@ pub fn application_name(prefix: &str) -> String {
 }
 
 /// A store on a fresh prefix, or `None` when PostgreSQL is not reachable.
-pub async fn store() -> Option<DynStore> {
+/// `params` are more URL parameters (`&claim=transaction`).
+pub async fn store(params: &str) -> Option<DynStore> {
     if !available() {
         return None;
     }
-    Some(
-        store::open(&backend(&prefix()), &StoreOptions::default())
-            .await
-            .unwrap(),
-    )
+    let url = format!("{}{params}", backend(&prefix()));
+    Some(store::open(&url, &StoreOptions::default()).await.unwrap())
 }
 
 /// A plain pool for a test's own statements.
