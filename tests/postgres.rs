@@ -297,7 +297,7 @@ async fn claim_paths_agree_with_the_decision_table() {
                 sp.overlap = Overlap::Skip;
             }
             let other_token = Token::generate();
-            let mut row = |slot_ms: i64, node: &str, rng: &mut rand::rngs::StdRng| RunRow {
+            let row = |slot_ms: i64, node: &str, rng: &mut rand::rngs::StdRng| RunRow {
                 slot_ms,
                 state: [
                     RunState::Running,
