@@ -34,6 +34,7 @@ pub async fn store(params: &str) -> Option<DynStore> {
     if !available() {
         return None;
     }
+    sweep_stale().await;
     let url = format!("{}{params}", backend(&prefix()));
     Some(store::open(&url, &StoreOptions::default()).await.unwrap())
 }
@@ -47,13 +48,50 @@ pub async fn admin() -> sqlx::PgPool {
         .unwrap()
 }
 
-/// Drops the tables of `prefix`.
+/// Drops the tables and functions of `prefix`.
 pub async fn drop_tables(prefix: &str) {
     let pool = admin().await;
+    drop_prefix(&pool, prefix).await.unwrap();
+}
+
+async fn drop_prefix(pool: &sqlx::PgPool, prefix: &str) -> sqlx::Result<()> {
     sqlx::raw_sql(&format!(
-        "DROP TABLE IF EXISTS {prefix}_runs, {prefix}_jobs, {prefix}_migrations"
+        "DROP FUNCTION IF EXISTS {prefix}_claim, {prefix}_holder_dead;
+         DROP TABLE IF EXISTS {prefix}_runs, {prefix}_jobs, {prefix}_migrations"
     ))
-    .execute(&pool)
+    .execute(pool)
     .await
-    .unwrap();
+    .map(drop)
+}
+
+/// Once per test process: drops the test prefixes (`t_…`) migrated more
+/// than an hour ago, which tests that cannot clean up after themselves (the
+/// conformance suite) leave behind.
+async fn sweep_stale() {
+    static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    SWEPT
+        .get_or_init(|| async {
+            let pool = admin().await;
+            let prefixes: Vec<String> = sqlx::query_scalar(
+                r"SELECT left(tablename, -11) FROM pg_tables
+                  WHERE schemaname = current_schema() AND tablename LIKE 't\_%\_migrations'",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            for p in prefixes {
+                let stale: bool = sqlx::query_scalar(&format!(
+                    "SELECT coalesce(max(applied_at) < now() - interval '1 hour', false)
+                     FROM {p}_migrations"
+                ))
+                .fetch_one(&pool)
+                .await
+                .unwrap_or(false);
+                if stale {
+                    // Another test process may be sweeping it too.
+                    let _ = drop_prefix(&pool, &p).await;
+                }
+            }
+        })
+        .await;
 }
