@@ -1,25 +1,30 @@
 //! The PostgreSQL store: `postgres://USER@HOST:PORT/DB?table=PREFIX`.
 //!
-//! Why the step is atomic: every write opens a transaction whose first
-//! statement upserts the job's row in `<prefix>_jobs`
-//! (`INSERT … ON CONFLICT DO UPDATE`), which takes that row's lock, so every
-//! write to the runs of one job queues behind it while other jobs go on. The
-//! next statement reads the run `FOR UPDATE` with a fresh snapshot (READ
-//! COMMITTED: each statement sees everything committed before it started,
-//! and the lock was already held), the shared decision table decides, and the
-//! write happens before the lock is released at `COMMIT`. `now` is the
-//! database's `clock_timestamp()`, returned by the locking statement itself,
-//! so it is read after the lock was granted.
+//! Why the step is atomic: a claim that may write upserts the job's row in
+//! `<prefix>_jobs` first (`INSERT … ON CONFLICT DO UPDATE`), which takes that
+//! row's lock, so every write to the runs of one job queues behind it while
+//! other jobs go on. The next statement reads the run `FOR UPDATE` with a
+//! fresh snapshot (READ COMMITTED: each statement sees everything committed
+//! before it started, and the lock was already held), the decision table
+//! decides, and the write happens before the lock is released at `COMMIT`.
+//! `now` is the database's `clock_timestamp()`, read after the lock.
 //!
-//! Most claims never write: a plain `SELECT` (with the database's clock)
-//! first answers finished runs, live leases, resends, late slots and
-//! overlaps; only a missing run or a lapsed lease opens the transaction,
-//! which reads and decides again under the lock.
+//! Most claims never write: a plain read (with the database's clock) first
+//! answers finished runs, live leases, resends, late slots and overlaps;
+//! only a missing run or a lapsed lease takes the lock and decides again.
+//!
+//! Two paths run these steps ([`PgClaim`]): by default one call of the
+//! `<prefix>_claim` PL/pgSQL function (one round trip, see
+//! `migrations/postgres/0002_claim_function.sql`), or the transaction
+//! driven from here with the shared [`super::sql::claim_locked`]. The
+//! conformance suite runs against both, and `tests/postgres.rs` checks both
+//! against `claim::decide` on random states.
 //!
 //! Errors are translated here: serialization failures and deadlocks are
 //! retried a few times with jittered backoff, a lost connection or an
 //! exhausted pool is `UNAVAILABLE`, anything else a store error. No error is
-//! ever a win: an answer is only returned after `COMMIT` succeeded.
+//! ever a win: an answer is only returned after the commit succeeded.
+//! See `docs/stores/postgres.md`.
 
 use std::future::Future;
 use std::str::FromStr;
