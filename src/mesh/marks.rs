@@ -56,7 +56,10 @@ impl Refusal {
     /// Whether this drop signals something wrong (as opposed to ordinary
     /// duplicates that relays produce all the time).
     pub fn is_suspicious(self) -> bool {
-        !matches!(self, Refusal::NotNewer | Refusal::StaleInstance | Refusal::AboutSelf)
+        !matches!(
+            self,
+            Refusal::NotNewer | Refusal::StaleInstance | Refusal::AboutSelf
+        )
     }
 }
 
@@ -140,8 +143,7 @@ pub fn verify_mark(m: &pb::Mark) -> Result<(), Refusal> {
     if m.node.len() != 32
         || m.address.len() > MAX_ADDRESS_BYTES
         || m.labels.len() > MAX_LABELS
-        || m
-            .labels
+        || m.labels
             .iter()
             .any(|(k, v)| k.len() + v.len() > MAX_LABEL_BYTES)
     {

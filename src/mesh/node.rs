@@ -122,7 +122,10 @@ impl Mesh {
         for m in load_known(&cfg.data_dir) {
             table.restore(m);
         }
-        table.set_own(sign_mark(&id, 1, false, &cfg.advertise, &cfg.labels), Instant::now());
+        table.set_own(
+            sign_mark(&id, 1, false, &cfg.advertise, &cfg.labels),
+            Instant::now(),
+        );
         let (events, _) = broadcast::channel(1024);
         let (push, _) = watch::channel(0u64);
         let mut self_addrs = HashSet::new();
@@ -157,22 +160,24 @@ impl Mesh {
 
     // ---- beats and events --------------------------------------------------
 
+    /// Beats on an exact heartbeat period (so a peer's last view of us is at
+    /// most one heartbeat old), and ticks the table every quarter heartbeat
+    /// (so a state change is published at most a quarter heartbeat late).
     async fn beat_loop(self: Arc<Self>) {
+        let mut beats = tokio::time::interval(self.cfg.heartbeat);
+        beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let quarter = (self.cfg.heartbeat / 4).max(Duration::from_millis(10));
-        let mut every = tokio::time::interval(quarter);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_beat = Instant::now();
+        let mut ticks = tokio::time::interval(quarter);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
-                _ = every.tick() => {}
+                biased;
                 _ = stop.changed() => return,
+                _ = beats.tick() => self.raise_beat(false, Instant::now()),
+                _ = ticks.tick() => {}
             }
             let now = Instant::now();
-            if now.duration_since(last_beat) >= self.cfg.heartbeat {
-                last_beat = now;
-                self.raise_beat(false, now);
-            }
             let changes = lock(&self.table).tick(now);
             self.publish(changes, now);
         }
@@ -236,7 +241,12 @@ impl Mesh {
             link: pb::Link::Unspecified as i32,
             beat,
             labels: self.cfg.labels.clone().into_iter().collect(),
-            node_name: self.cfg.labels.get("node_name").cloned().unwrap_or_default(),
+            node_name: self
+                .cfg
+                .labels
+                .get("node_name")
+                .cloned()
+                .unwrap_or_default(),
             beat_age_ms: age,
         }
     }
@@ -315,13 +325,12 @@ impl Mesh {
                 }
             }
         });
-        ReceiverStream::new(out).map(Ok).chain(futures::stream::unfold(
-            overflow,
-            |slot| async move {
+        ReceiverStream::new(out)
+            .map(Ok)
+            .chain(futures::stream::unfold(overflow, |slot| async move {
                 let err = lock(&slot).take();
                 err.map(|e| (Err(e), slot))
-            },
-        ))
+            }))
     }
 
     /// Machine-readable mesh state for `/api/v1/mesh/state`.
@@ -350,8 +359,11 @@ impl Mesh {
             })
             .collect();
         let table = lock(&self.table);
-        let drops: BTreeMap<&str, u64> =
-            table.drops().iter().map(|(r, n)| (r.as_str(), *n)).collect();
+        let drops: BTreeMap<&str, u64> = table
+            .drops()
+            .iter()
+            .map(|(r, n)| (r.as_str(), *n))
+            .collect();
         serde_json::json!({
             "self": list.self_.as_ref().map(peer),
             "peers": list.peers.iter().map(peer).collect::<Vec<_>>(),
@@ -373,7 +385,9 @@ impl Mesh {
             let s = pb::PeerState::try_from(p.state)
                 .map(|s| s.as_str_name())
                 .unwrap_or("PEER_STATE_UNSPECIFIED");
-            *peers.entry(s.trim_start_matches("PEER_STATE_")).or_default() += 1;
+            *peers
+                .entry(s.trim_start_matches("PEER_STATE_"))
+                .or_default() += 1;
         }
         let mut links: BTreeMap<&'static str, i64> = BTreeMap::new();
         for l in lock(&self.links).values() {
@@ -387,7 +401,11 @@ impl Mesh {
         MeshCounters {
             peers,
             links,
-            drops: table.drops().iter().map(|(r, n)| (r.as_str(), *n)).collect(),
+            drops: table
+                .drops()
+                .iter()
+                .map(|(r, n)| (r.as_str(), *n))
+                .collect(),
             beats: table.beats_accepted(),
         }
     }
@@ -407,22 +425,28 @@ impl Mesh {
         self: Arc<Self>,
         mut inbound: Streaming<pb::SyncFrame>,
         remote_addr: Option<std::net::SocketAddr>,
-    ) -> Result<impl tokio_stream::Stream<Item = Result<pb::SyncFrame, Status>> + Send + 'static, Status>
-    {
+    ) -> Result<
+        impl tokio_stream::Stream<Item = Result<pb::SyncFrame, Status>> + Send + 'static,
+        Status,
+    > {
         let hello = match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
             Ok(Ok(Some(pb::SyncFrame {
                 frame: Some(pb::sync_frame::Frame::Hello(h)),
             }))) => h,
             _ => {
                 lock(&self.table).count_refusal(Refusal::NoHello);
-                return Err(Status::invalid_argument("the first sync frame must be a hello"));
+                return Err(Status::invalid_argument(
+                    "the first sync frame must be a hello",
+                ));
             }
         };
         if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
             lock(&self.table).count_refusal(r);
             tracing::warn!(peer = %hello.node, from = ?remote_addr, reason = r.as_str(), "refused a peer");
             return Err(match r {
-                Refusal::BadSecret => Status::unauthenticated(format!("peer refused: {}", r.as_str())),
+                Refusal::BadSecret => {
+                    Status::unauthenticated(format!("peer refused: {}", r.as_str()))
+                }
                 _ => Status::permission_denied(format!("peer refused: {}", r.as_str())),
             });
         }
@@ -690,7 +714,10 @@ impl Mesh {
             Ok(r) => r.into_inner(),
             Err(st) if st.message().starts_with("self") => return Err(DialError::IsSelf),
             Err(st) => {
-                if matches!(st.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) {
+                if matches!(
+                    st.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+                ) {
                     tracing::warn!(%addr, error = %st.message(), "peer refused us");
                 }
                 return Err(other(&st));
@@ -720,7 +747,8 @@ impl Mesh {
                 return Ok(());
             }
         }
-        self.run_link(hello, addr.to_owned(), true, inbound, tx).await;
+        self.run_link(hello, addr.to_owned(), true, inbound, tx)
+            .await;
         Ok(())
     }
 
@@ -752,7 +780,9 @@ impl Mesh {
                 .collect();
             if let Ok(text) = serde_json::to_string_pretty(&known) {
                 if text != last {
-                    if let Err(e) = write_atomic(&self.cfg.data_dir.join(PEERS_FILE), text.as_bytes(), 0o644) {
+                    if let Err(e) =
+                        write_atomic(&self.cfg.data_dir.join(PEERS_FILE), text.as_bytes(), 0o644)
+                    {
                         tracing::warn!(error = %e, "cannot persist known peers");
                     }
                     last = text;

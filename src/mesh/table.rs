@@ -109,7 +109,10 @@ impl PeerTable {
     /// Our own beat and how long ago it rose.
     pub fn own_beat(&self, now: Instant) -> (u64, i64) {
         match &self.own {
-            Some((m, at)) => (m.beat, now.saturating_duration_since(*at).as_millis() as i64),
+            Some((m, at)) => (
+                m.beat,
+                now.saturating_duration_since(*at).as_millis() as i64,
+            ),
             None => (0, 0),
         }
     }
@@ -147,6 +150,19 @@ impl PeerTable {
         from: Option<&str>,
         now: Instant,
     ) -> Result<Option<Change>, Refusal> {
+        // Cheap checks first: relays repeat the same marks all the time, and a
+        // mark that is not newer is dropped whatever its signature says.
+        if let Some(e) = self.peers.get_mut(&mark.node) {
+            if mark.instance < e.mark.instance {
+                return Err(self.drop_mark(Refusal::StaleInstance));
+            }
+            if mark.instance == e.mark.instance && mark.beat <= e.mark.beat {
+                if from == Some(mark.node.as_str()) {
+                    e.direct_rx = Some(now);
+                }
+                return Err(self.drop_mark(Refusal::NotNewer));
+            }
+        }
         if let Err(r) = verify_mark(mark) {
             return Err(self.drop_mark(r));
         }
@@ -162,7 +178,10 @@ impl PeerTable {
                     }
                     _ => {}
                 }
-                if self.foreign_self.is_none_or(|(i, b)| (mark.instance, mark.beat) > (i, b)) {
+                if self
+                    .foreign_self
+                    .is_none_or(|(i, b)| (mark.instance, mark.beat) > (i, b))
+                {
                     self.foreign_self = Some((mark.instance, mark.beat));
                 }
             }
@@ -189,15 +208,6 @@ impl PeerTable {
                 Change::Joined
             }
             Some(e) => {
-                if mark.instance < e.mark.instance {
-                    return Err(self.drop_mark(Refusal::StaleInstance));
-                }
-                if mark.instance == e.mark.instance && mark.beat <= e.mark.beat {
-                    if direct {
-                        e.direct_rx = Some(now);
-                    }
-                    return Err(self.drop_mark(Refusal::NotNewer));
-                }
                 let restarted = mark.instance > e.mark.instance;
                 let before = e.reported;
                 if restarted {
@@ -314,7 +324,10 @@ impl PeerTable {
     pub fn peers(&self, now: Instant) -> Vec<pb::Peer> {
         let mut nodes: Vec<&String> = self.peers.keys().collect();
         nodes.sort();
-        nodes.into_iter().filter_map(|n| self.peer(n, now)).collect()
+        nodes
+            .into_iter()
+            .filter_map(|n| self.peer(n, now))
+            .collect()
     }
 
     /// Holders whose runs no longer exclude anyone: expired or left
@@ -408,7 +421,14 @@ mod tests {
     const EXPIRY: Duration = Duration::from_millis(1500);
 
     fn table(me: &Identity) -> PeerTable {
-        PeerTable::new(TableConfig { expiry: EXPIRY, max_runtimes: 64 }, &me.node, me.instance)
+        PeerTable::new(
+            TableConfig {
+                expiry: EXPIRY,
+                max_runtimes: 64,
+            },
+            &me.node,
+            me.instance,
+        )
     }
 
     fn mark(id: &Identity, beat: u64, age_ms: i64) -> pb::Mark {
@@ -431,18 +451,39 @@ mod tests {
         let b = Identity::ephemeral(1);
         let mut t = table(&me);
         let t0 = Instant::now();
-        assert_eq!(t.ingest(&mark(&b, 1, 0), Some(&b.node), t0), Ok(Some(Change::Joined)));
+        assert_eq!(
+            t.ingest(&mark(&b, 1, 0), Some(&b.node), t0),
+            Ok(Some(Change::Joined))
+        );
         assert_eq!(state(&t, &b.node, t0 + ms(750)), pb::PeerState::Alive);
         assert_eq!(state(&t, &b.node, t0 + ms(751)), pb::PeerState::Unreachable);
-        assert_eq!(state(&t, &b.node, t0 + ms(1499)), pb::PeerState::Unreachable);
+        assert_eq!(
+            state(&t, &b.node, t0 + ms(1499)),
+            pb::PeerState::Unreachable
+        );
         assert_eq!(state(&t, &b.node, t0 + ms(1500)), pb::PeerState::Expired);
-        assert_eq!(t.tick(t0 + ms(800)), vec![(b.node.clone(), Change::Unreachable)]);
-        assert_eq!(t.tick(t0 + ms(1500)), vec![(b.node.clone(), Change::Expired)]);
-        assert!(t.tick(t0 + ms(1600)).is_empty(), "a transition is reported once");
+        assert_eq!(
+            t.tick(t0 + ms(800)),
+            vec![(b.node.clone(), Change::Unreachable)]
+        );
+        assert_eq!(
+            t.tick(t0 + ms(1500)),
+            vec![(b.node.clone(), Change::Expired)]
+        );
+        assert!(
+            t.tick(t0 + ms(1600)).is_empty(),
+            "a transition is reported once"
+        );
         let dead = t.dead_holders(t0 + ms(1500));
-        assert!(dead.is_dead(&Holder { node: b.node.clone(), instance: 1 }));
+        assert!(dead.is_dead(&Holder {
+            node: b.node.clone(),
+            instance: 1
+        }));
         // It beats again: ALIVE, same instance, no restart.
-        assert_eq!(t.ingest(&mark(&b, 2, 0), Some(&b.node), t0 + ms(2000)), Ok(Some(Change::Alive)));
+        assert_eq!(
+            t.ingest(&mark(&b, 2, 0), Some(&b.node), t0 + ms(2000)),
+            Ok(Some(Change::Alive))
+        );
         let p = t.peer(&b.node, t0 + ms(2000)).unwrap();
         assert_eq!((p.restarts, p.instance), (0, 1));
     }
@@ -459,7 +500,11 @@ mod tests {
         assert_eq!(p.beat_age_ms, 600);
         assert_eq!(p.link, pb::Link::Relayed as i32);
         assert_eq!(state(&t, &c.node, t0 + ms(899)), pb::PeerState::Unreachable);
-        assert_eq!(state(&t, &c.node, t0 + ms(900)), pb::PeerState::Expired, "expiry counts from when the beat rose");
+        assert_eq!(
+            state(&t, &c.node, t0 + ms(900)),
+            pb::PeerState::Expired,
+            "expiry counts from when the beat rose"
+        );
     }
 
     #[test]
@@ -499,9 +544,11 @@ mod tests {
         let c = Identity::ephemeral(1);
         let mut t = table(&me);
         let t0 = Instant::now();
-        t.ingest(&mark(&c, 1, 0), Some(&c.node), t0 + ms(1000)).unwrap();
+        t.ingest(&mark(&c, 1, 0), Some(&c.node), t0 + ms(1000))
+            .unwrap();
         // A newer beat relayed with a large age does not age the entry.
-        t.ingest(&mark(&c, 2, 900), Some("b"), t0 + ms(1100)).unwrap();
+        t.ingest(&mark(&c, 2, 900), Some("b"), t0 + ms(1100))
+            .unwrap();
         assert_eq!(t.peer(&c.node, t0 + ms(1100)).unwrap().beat_age_ms, 100);
     }
 
@@ -515,16 +562,28 @@ mod tests {
         let mut t = table(&me);
         let t0 = Instant::now();
         t.ingest(&mark(&old, 50, 0), Some(&old.node), t0).unwrap();
-        assert_eq!(t.ingest(&mark(&new, 1, 0), Some(&new.node), t0 + ms(10)), Ok(Some(Change::Restarted)));
+        assert_eq!(
+            t.ingest(&mark(&new, 1, 0), Some(&new.node), t0 + ms(10)),
+            Ok(Some(Change::Restarted))
+        );
         let p = t.peer(&new.node, t0 + ms(10)).unwrap();
         assert_eq!((p.instance, p.restarts, p.beat), (2, 1, 1));
         // A late relay of the old instance's mark never brings it back.
-        assert_eq!(t.ingest(&mark(&old, 51, 0), Some("b"), t0 + ms(20)), Err(Refusal::StaleInstance));
+        assert_eq!(
+            t.ingest(&mark(&old, 51, 0), Some("b"), t0 + ms(20)),
+            Err(Refusal::StaleInstance)
+        );
         assert_eq!(t.peers(t0).len(), 1, "listed once");
         // The old instance is dead for claims; the new one is not.
         let dead = t.dead_holders(t0 + ms(20));
-        assert!(dead.is_dead(&Holder { node: old.node.clone(), instance: 1 }));
-        assert!(!dead.is_dead(&Holder { node: old.node.clone(), instance: 2 }));
+        assert!(dead.is_dead(&Holder {
+            node: old.node.clone(),
+            instance: 1
+        }));
+        assert!(!dead.is_dead(&Holder {
+            node: old.node.clone(),
+            instance: 2
+        }));
     }
 
     #[test]
@@ -536,9 +595,15 @@ mod tests {
         t.ingest(&mark(&c, 3, 0), Some(&c.node), t0).unwrap();
         let mut bye = sign_mark(&c, 4, true, "x", &Default::default());
         bye.age_ms = 0;
-        assert_eq!(t.ingest(&bye, Some(&c.node), t0 + ms(5)), Ok(Some(Change::Left)));
+        assert_eq!(
+            t.ingest(&bye, Some(&c.node), t0 + ms(5)),
+            Ok(Some(Change::Left))
+        );
         assert_eq!(state(&t, &c.node, t0 + ms(5)), pb::PeerState::Left);
-        assert!(t.dead_holders(t0 + ms(5)).is_dead(&Holder { node: c.node.clone(), instance: 4 }));
+        assert!(t.dead_holders(t0 + ms(5)).is_dead(&Holder {
+            node: c.node.clone(),
+            instance: 4
+        }));
     }
 
     #[test]
@@ -553,7 +618,10 @@ mod tests {
         let mut stolen = mark(&c, 2, 0);
         stolen.node = me.node.clone();
         assert_eq!(t.ingest(&stolen, None, t0), Err(Refusal::KeyMismatch));
-        assert_eq!(t.ingest(&mark(&me, 1, 0), None, t0), Err(Refusal::AboutSelf));
+        assert_eq!(
+            t.ingest(&mark(&me, 1, 0), None, t0),
+            Err(Refusal::AboutSelf)
+        );
         assert!(t.peers(t0).is_empty());
         assert_eq!(t.drops().get(&Refusal::BadSignature), Some(&1));
         assert_eq!(t.drops().get(&Refusal::KeyMismatch), Some(&1));
@@ -570,11 +638,23 @@ mod tests {
         let p = t.peer(&c.node, t0).unwrap();
         assert_eq!(p.state, pb::PeerState::Expired as i32);
         assert_eq!(p.beat_age_ms, -1);
-        assert!(t.frame_marks(t0).iter().all(|m| m.node != c.node), "not relayed as fresh");
-        assert!(t.dead_holders(t0).is_dead(&Holder { node: c.node.clone(), instance: 7 }));
+        assert!(
+            t.frame_marks(t0).iter().all(|m| m.node != c.node),
+            "not relayed as fresh"
+        );
+        assert!(t.dead_holders(t0).is_dead(&Holder {
+            node: c.node.clone(),
+            instance: 7
+        }));
         // The same beat again does not revive it; a new beat does.
-        assert_eq!(t.ingest(&mark(&c, 40, 0), Some(&c.node), t0), Err(Refusal::NotNewer));
-        assert_eq!(t.ingest(&mark(&c, 41, 0), Some(&c.node), t0), Ok(Some(Change::Alive)));
+        assert_eq!(
+            t.ingest(&mark(&c, 40, 0), Some(&c.node), t0),
+            Err(Refusal::NotNewer)
+        );
+        assert_eq!(
+            t.ingest(&mark(&c, 41, 0), Some(&c.node), t0),
+            Ok(Some(Change::Alive))
+        );
     }
 
     #[test]
@@ -592,7 +672,8 @@ mod tests {
         let skewed_hours = Duration::from_secs(5 * 3600);
         a.ingest(&mark(&c, 1, 200), None, t0).unwrap();
         // The same facts observed by a table whose own clock is far ahead.
-        b.ingest(&mark(&c, 1, 200), None, t0 + skewed_hours).unwrap();
+        b.ingest(&mark(&c, 1, 200), None, t0 + skewed_hours)
+            .unwrap();
         for dt in [0, 500, 1299, 1300, 5000] {
             assert_eq!(
                 state(&a, &c.node, t0 + ms(dt)),
@@ -610,18 +691,30 @@ mod tests {
         let t0 = Instant::now();
         t.ingest(&mark(&twin, 1, 0), Some("b"), t0).unwrap_err();
         assert!(!t.duplicate_key_seen(), "one sighting may be an old relay");
-        t.ingest(&mark(&twin, 2, 0), Some("b"), t0 + ms(100)).unwrap_err();
+        t.ingest(&mark(&twin, 2, 0), Some("b"), t0 + ms(100))
+            .unwrap_err();
         assert!(t.duplicate_key_seen());
     }
 
     #[test]
     fn the_table_is_bounded() {
         let me = Identity::ephemeral(1);
-        let mut t = PeerTable::new(TableConfig { expiry: EXPIRY, max_runtimes: 2 }, &me.node, 1);
+        let mut t = PeerTable::new(
+            TableConfig {
+                expiry: EXPIRY,
+                max_runtimes: 2,
+            },
+            &me.node,
+            1,
+        );
         let t0 = Instant::now();
         for _ in 0..2 {
-            t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0).unwrap();
+            t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0)
+                .unwrap();
         }
-        assert_eq!(t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0), Err(Refusal::TooManyRuntimes));
+        assert_eq!(
+            t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0),
+            Err(Refusal::TooManyRuntimes)
+        );
     }
 }

@@ -94,9 +94,17 @@ impl Default for Metrics {
         let links = Family::<StateLabels, Gauge>::default();
         r.register("links", "Sync links by state", links.clone());
         let beats = Counter::default();
-        r.register("beats_received", "Newer marks accepted from peers", beats.clone());
+        r.register(
+            "beats_received",
+            "Newer marks accepted from peers",
+            beats.clone(),
+        );
         let refused = Family::<ReasonLabels, Counter>::default();
-        r.register("mesh_refused", "Marks, frames and hellos refused, by reason", refused.clone());
+        r.register(
+            "mesh_refused",
+            "Marks, frames and hellos refused, by reason",
+            refused.clone(),
+        );
         Metrics {
             registry: Mutex::new(r),
             peers,
