@@ -462,7 +462,6 @@ impl Mesh {
             ))),
         });
         let address = hello.address.clone();
-        let inbound = inbound.map(|r| r.map_err(|e| e));
         tokio::spawn(self.clone().run_link(hello, address, false, inbound, tx));
         Ok(ReceiverStream::new(rx).map(Ok))
     }
@@ -594,7 +593,7 @@ impl Mesh {
                 _ = every.tick() => {}
                 _ = stop.changed() => return,
             }
-            if n % 5 == 0 {
+            if n.is_multiple_of(5) {
                 self.resolve_dns().await;
             }
             n += 1;

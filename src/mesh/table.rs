@@ -170,13 +170,9 @@ impl PeerTable {
             if mark.instance != self.self_instance {
                 // Another process with our key? Only a *rising* beat of a
                 // foreign instance proves it is alive right now.
-                match self.foreign_self {
-                    Some((i, b)) if i == mark.instance && mark.beat > b => {
-                        if mark.instance > self.self_instance || !self.duplicate_key {
-                            self.duplicate_key = true;
-                        }
-                    }
-                    _ => {}
+                if matches!(self.foreign_self, Some((i, b)) if i == mark.instance && mark.beat > b)
+                {
+                    self.duplicate_key = true;
                 }
                 if self
                     .foreign_self
