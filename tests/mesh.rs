@@ -138,9 +138,9 @@ async fn a_killed_sidecar_expires_and_its_restart_rejoins_as_the_same_runtime() 
         })
         .collect();
     // Everyone sees everyone.
-    for i in 0..3 {
+    for (i, &addr) in addrs.iter().enumerate() {
         let ok = until(Duration::from_secs(10), || async {
-            let l = list(addrs[i]).await;
+            let l = list(addr).await;
             (0..3).filter(|&j| j != i).all(|j| {
                 matches!(
                     state_of(&l, &nodes[j]),
