@@ -85,6 +85,9 @@ pub struct Mesh {
     self_addrs: Mutex<HashSet<String>>,
     dns: Mutex<HashSet<String>>,
     stop: watch::Receiver<bool>,
+    /// Bumped when a peer dies or nudges us: waiters re-check the store.
+    runs_changed: watch::Sender<u64>,
+    nudges: broadcast::Sender<pb::Nudge>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -109,8 +112,14 @@ struct KnownPeer {
 const PEERS_FILE: &str = "peers.json";
 
 impl Mesh {
-    /// Starts the mesh tasks. They stop when `stop` turns true.
-    pub fn start(id: Arc<Identity>, cfg: MeshConfig, stop: watch::Receiver<bool>) -> Arc<Mesh> {
+    /// Starts the mesh tasks. They stop when `stop` turns true. The mesh bumps
+    /// `runs_changed` when a runtime dies or a peer nudges us.
+    pub fn start(
+        id: Arc<Identity>,
+        cfg: MeshConfig,
+        stop: watch::Receiver<bool>,
+        runs_changed: watch::Sender<u64>,
+    ) -> Arc<Mesh> {
         let mut table = PeerTable::new(
             TableConfig {
                 expiry: cfg.expiry,
@@ -128,6 +137,7 @@ impl Mesh {
         );
         let (events, _) = broadcast::channel(1024);
         let (push, _) = watch::channel(0u64);
+        let (nudges, _) = broadcast::channel(256);
         let mut self_addrs = HashSet::new();
         self_addrs.insert(cfg.advertise.clone());
         let mesh = Arc::new(Mesh {
@@ -143,6 +153,8 @@ impl Mesh {
             self_addrs: Mutex::new(self_addrs),
             dns: Mutex::new(HashSet::new()),
             stop,
+            runs_changed,
+            nudges,
         });
         tokio::spawn(mesh.clone().beat_loop());
         tokio::spawn(mesh.clone().discovery_loop());
@@ -197,6 +209,12 @@ impl Mesh {
         if changes.is_empty() {
             return;
         }
+        if changes
+            .iter()
+            .any(|(_, c)| matches!(c, Change::Expired | Change::Left | Change::Restarted))
+        {
+            self.wake_waiters();
+        }
         let table = lock(&self.table);
         for (node, change) in changes {
             if let Some(peer) = table.peer(&node, now) {
@@ -218,6 +236,21 @@ impl Mesh {
                 "ANOTHER PROCESS IS RUNNING WITH THIS NODE KEY: two runtimes share one data dir or key file; stop one of them"
             );
         }
+    }
+
+    fn wake_waiters(&self) {
+        self.runs_changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Tells every linked peer that a run was released or its lease ended
+    /// here, so their waiters re-check at once.
+    pub fn nudge(&self, job: &str, slot_ms: i64) {
+        let _ = self.nudges.send(pb::Nudge {
+            runs: vec![pb::RunRef {
+                job: job.to_owned(),
+                slot_ms,
+            }],
+        });
     }
 
     /// Announces a graceful leave: a signed LEFT mark, pushed on every link.
@@ -493,6 +526,7 @@ impl Mesh {
         // Frames go out when our beat rises (and once now, so a new link
         // learns everything at once).
         let mut push = self.push.subscribe();
+        let mut nudges = self.nudges.subscribe();
         let mut stop = self.stop.clone();
         let mut last_rx = now;
         if !self.send_frame(&tx) {
@@ -504,6 +538,14 @@ impl Mesh {
             tokio::select! {
                 _ = push.changed() => {
                     if !self.send_frame(&tx) { break; }
+                }
+                nudge = nudges.recv() => {
+                    if let Ok(n) = nudge {
+                        let frame = pb::SyncFrame { frame: Some(pb::sync_frame::Frame::Nudge(n)) };
+                        if matches!(tx.try_send(frame), Err(mpsc::error::TrySendError::Closed(_))) {
+                            break;
+                        }
+                    }
                 }
                 msg = inbound.next() => match msg {
                     Some(Ok(frame)) => {
@@ -554,6 +596,10 @@ impl Mesh {
         let marks = match frame.frame {
             Some(pb::sync_frame::Frame::Marks(m)) => m.marks,
             Some(pb::sync_frame::Frame::Hello(_)) => return,
+            Some(pb::sync_frame::Frame::Nudge(_)) => {
+                self.wake_waiters();
+                return;
+            }
             None => {
                 lock(&self.table).count_refusal(Refusal::Malformed);
                 return;

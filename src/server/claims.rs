@@ -32,8 +32,11 @@ pub struct ClaimsState {
     pub holder: Holder,
     pub metrics: Arc<Metrics>,
     pub liveness: Arc<dyn Liveness>,
-    /// Bumped whenever a run is released or a lease ended here, to wake waiters.
+    /// Bumped whenever a run is released or a lease ended (here or, through
+    /// the mesh, at a peer) or a holder died, to wake waiters.
     pub changed: watch::Sender<u64>,
+    /// The mesh, to nudge peers' waiters when a run is released here.
+    pub mesh: Option<Arc<crate::mesh::Mesh>>,
     /// How often a waiter re-checks the store without a local notification.
     pub poll: Duration,
     /// Flips to true when the sidecar starts draining.
@@ -41,8 +44,11 @@ pub struct ClaimsState {
 }
 
 impl ClaimsState {
-    fn notify(&self) {
+    fn notify(&self, job: &Job, slot_ms: SlotMs) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        if let Some(m) = &self.mesh {
+            m.nudge(job.as_str(), slot_ms);
+        }
     }
 
     /// The claim with its optional wait, bounded by the client's deadline.
@@ -241,14 +247,15 @@ impl pb::claims_server::Claims for ClaimsService {
             let res = async {
                 let spec = validate::release(&req)?;
                 let dead = s.liveness.dead_holders();
-                with_deadline(deadline, s.store.release(&spec, &dead)).await
+                with_deadline(deadline, s.store.release(&spec, &dead)).await?;
+                Ok::<_, Error>(spec)
             }
             .await;
             s.observe("release", started);
             match res {
-                Ok(()) => {
+                Ok(spec) => {
                     tracing::Span::current().record("outcome", "released");
-                    s.notify();
+                    s.notify(&spec.job, spec.slot_ms);
                     Ok(Response::new(pb::ReleaseResponse {}))
                 }
                 Err(e) => {
@@ -433,7 +440,7 @@ async fn keep_renewing(
         {
             Ok(true) => {
                 tracing::info!("hold stream broke without release; lease ended");
-                s.notify();
+                s.notify(&spec.job, spec.slot_ms);
             }
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "could not end the lease of a broken hold"),

@@ -89,21 +89,23 @@ pub async fn run(
     };
     let (drain_tx, drain_rx) = watch::channel(false);
     let (mesh_stop_tx, mesh_stop_rx) = watch::channel(false);
+    let (changed, _) = watch::channel(0u64);
     let mesh = Mesh::start(
         identity.clone(),
         MeshConfig::from_config(&cfg, advertise, secret),
         mesh_stop_rx,
+        changed.clone(),
     );
 
     let metrics = Arc::new(metrics::Metrics::default());
     metrics.store_up.set(1);
-    let (changed, _) = watch::channel(0u64);
     let state = Arc::new(ClaimsState {
         store: store.clone(),
         defaults: validate::ClaimDefaults::from_config(&cfg),
         holder: holder.clone(),
         metrics: metrics.clone(),
         liveness: mesh.clone(),
+        mesh: Some(mesh.clone()),
         changed,
         poll: Duration::from_millis(cfg.heartbeat_ms),
         shutdown: drain_rx,

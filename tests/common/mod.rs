@@ -4,6 +4,7 @@
 
 pub mod contest;
 pub mod inproc;
+pub mod liveness;
 pub mod process;
 pub mod proxy;
 pub mod services;
