@@ -118,7 +118,7 @@ fn simulate(n: usize, kills: usize) {
             }
         }
         // Each runtime ticks every quarter heartbeat.
-        if now_ms % (HB_MS / 4) == 0 {
+        if now_ms.is_multiple_of(HB_MS / 4) {
             if let Some((v, killed_at)) = victim_at {
                 let victim = nodes[v].id.node.clone();
                 for (i, node) in nodes.iter_mut().enumerate() {
