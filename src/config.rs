@@ -296,6 +296,15 @@ impl Config {
         if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
             return Err(err("tls_client_ca", "needs tls_cert and tls_key"));
         }
+        if self.tls_cert.is_some()
+            && self.tls_client_ca.is_none()
+            && !(self.peer.is_empty() && self.peer_dns.is_empty())
+        {
+            return Err(err(
+                "tls_client_ca",
+                "is required with TLS and peers: it is the CA peers' certificates are checked against",
+            ));
+        }
         for (key, path) in [
             ("tls_cert", &self.tls_cert),
             ("tls_key", &self.tls_key),

@@ -39,13 +39,30 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         }
         None => None,
     };
+    let scheme = if opts.tls_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let uri = if opts.server.contains("://") {
         opts.server.clone()
     } else {
-        format!("http://{}", opts.server)
+        format!("{scheme}://{}", opts.server)
     };
-    let channel = Channel::from_shared(uri)?
-        .connect_timeout(Duration::from_secs(5))
+    let mut endpoint = Channel::from_shared(uri)?.connect_timeout(Duration::from_secs(5));
+    if let Some(ca) = &opts.tls_ca {
+        crate::server::tls::install_crypto_provider();
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(ca)?));
+        if let (Some(c), Some(k)) = (&opts.tls_client_cert, &opts.tls_client_key) {
+            tls = tls.identity(tonic::transport::Identity::from_pem(
+                std::fs::read(c)?,
+                std::fs::read(k)?,
+            ));
+        }
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the sidecar at {}: {e}", opts.server))?;

@@ -65,6 +65,14 @@ pub struct ClientOpts {
     /// A file holding the bearer token the sidecar requires.
     #[arg(long, env = "ANARCHON_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// Connect over TLS, trusting this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a sidecar that requires mTLS.
+    #[arg(long, value_name = "FILE", requires = "tls_client_key")]
+    pub tls_client_cert: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", requires = "tls_client_cert")]
+    pub tls_client_key: Option<PathBuf>,
 }
 
 pub fn main(cli: Cli) -> ExitCode {

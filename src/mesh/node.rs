@@ -42,10 +42,17 @@ pub struct MeshConfig {
     pub max_runtimes: usize,
     pub max_frame_bytes: usize,
     pub watch_buffer: usize,
+    /// TLS for dialing peers (their CA, our certificate), when TLS is on.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl MeshConfig {
-    pub fn from_config(c: &crate::Config, advertise: String, secret: Option<String>) -> Self {
+    pub fn from_config(
+        c: &crate::Config,
+        advertise: String,
+        secret: Option<String>,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Self {
         MeshConfig {
             heartbeat: Duration::from_millis(c.heartbeat_ms),
             expiry: Duration::from_millis(c.expiry_ms),
@@ -58,6 +65,7 @@ impl MeshConfig {
             max_runtimes: c.max_runtimes,
             max_frame_bytes: c.max_frame_bytes,
             watch_buffer: c.watch_buffer,
+            tls,
         }
     }
 }
@@ -739,10 +747,18 @@ impl Mesh {
 
     async fn dial_once(self: Arc<Self>, addr: &str) -> Result<(), DialError> {
         let other = |e: &dyn std::fmt::Display| DialError::Other(e.to_string());
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.cfg.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| other(&e))?
             .connect_timeout(self.cfg.heartbeat * 2)
             .tcp_nodelay(true);
+        if let Some(tls) = &self.cfg.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| other(&e))?;
+        }
         let channel = endpoint.connect().await.map_err(|e| other(&e))?;
         let mut client = pb::mesh_client::MeshClient::new(channel)
             .max_decoding_message_size(self.cfg.max_frame_bytes)
