@@ -492,3 +492,72 @@ async fn graceful_stop_ends_held_leases() {
         "the leaver's lease must end at once"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_answer_with_a_clear_status() {
+    let s = InProc::start(|c| {
+        c.max_holds_per_client = 2;
+        c.max_request_bytes = 4096;
+    })
+    .await;
+    let mut c = s.claims().await;
+    // An oversized request is refused before it is decoded.
+    let st = c
+        .claim(pb::ClaimRequest {
+            job: "big".into(),
+            token: "a".repeat(10_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(st.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{st:?}"
+    );
+    // Hold streams per client are bounded; closing one frees its place.
+    let mut open = Vec::new();
+    for i in 0..2 {
+        let mut st = c.hold(req(&format!("h{i}"), 0)).await.unwrap().into_inner();
+        assert!(won(&st.message().await.unwrap().unwrap().claim.unwrap()));
+        open.push(st);
+    }
+    let st = c.hold(req("h2", 0)).await.unwrap_err();
+    assert_eq!(st.code(), Code::ResourceExhausted);
+    assert!(st.message().contains("max_holds_per_client"), "{st:?}");
+    // Nothing was claimed by the refused hold.
+    let h = c
+        .history(pb::HistoryRequest {
+            job: "h2".into(),
+            limit: 5,
+            before_slot_ms: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(h.runs.is_empty());
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match c.hold(req("h2", 0)).await {
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                assert!(won(&stream
+                    .message()
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .claim
+                    .unwrap()));
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted);
+                assert!(
+                    Instant::now() < deadline,
+                    "the closed hold's place was never freed"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}

@@ -42,6 +42,8 @@ pub struct MeshConfig {
     pub max_runtimes: usize,
     pub max_frame_bytes: usize,
     pub watch_buffer: usize,
+    /// Inbound links accepted at once from one runtime.
+    pub max_links_per_peer: usize,
     /// TLS for dialing peers (their CA, our certificate), when TLS is on.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
@@ -65,6 +67,7 @@ impl MeshConfig {
             max_runtimes: c.max_runtimes,
             max_frame_bytes: c.max_frame_bytes,
             watch_buffer: c.watch_buffer,
+            max_links_per_peer: c.max_links_per_peer,
             tls,
         }
     }
@@ -493,6 +496,16 @@ impl Mesh {
         }
         if hello.node == self.id.node {
             return Err(Status::failed_precondition("self: this address is my own"));
+        }
+        let inbound_links = lock(&self.links)
+            .values()
+            .filter(|l| l.node == hello.node && !l.outbound)
+            .count();
+        if inbound_links >= self.cfg.max_links_per_peer {
+            lock(&self.table).count_refusal(Refusal::TooManyLinks);
+            return Err(Status::resource_exhausted(format!(
+                "{inbound_links} links from this runtime already (max_links_per_peer)"
+            )));
         }
         let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
         let _ = tx.try_send(pb::SyncFrame {

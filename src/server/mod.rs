@@ -119,6 +119,7 @@ pub async fn run(
         changed,
         poll: Duration::from_millis(cfg.heartbeat_ms),
         shutdown: drain_rx,
+        holds: claims::HoldLimiter::new(cfg.max_holds_per_client),
     });
 
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -193,15 +194,17 @@ pub async fn run(
         None => None,
     };
 
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(cfg.max_concurrent_per_connection);
     if let Some(t) = &tls {
         builder = builder.tls_config(t.server.clone()).context("TLS")?;
     }
     let grpc = builder
         .add_service(health_svc)
         .add_service(reflection)
-        .add_service(pb::claims_server::ClaimsServer::with_interceptor(
-            ClaimsService(state),
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            pb::claims_server::ClaimsServer::new(ClaimsService(state))
+                .max_decoding_message_size(cfg.max_request_bytes),
             app_auth,
         ))
         .add_service(
