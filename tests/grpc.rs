@@ -409,7 +409,7 @@ async fn health_reflection_metrics_and_readiness() {
     let mut c = s.claims().await;
     c.claim(req("metered", now())).await.unwrap();
     c.claim(req("metered", 5)).await.unwrap(); // LATE
-    let body = reqwest_get(s.admin, "/metrics").await;
+    let body = common::http_get(s.admin, "/metrics", None).await;
     assert!(
         body.contains("anarchon_claims_total{outcome=\"WON\",backend=\"sqlite\"} 1"),
         "{body}"
@@ -422,8 +422,12 @@ async fn health_reflection_metrics_and_readiness() {
         body.contains("anarchon_rpc_duration_seconds_bucket"),
         "{body}"
     );
-    assert!(reqwest_get(s.admin, "/readyz").await.starts_with("ready"));
-    assert!(reqwest_get(s.admin, "/healthz").await.starts_with("ok"));
+    assert!(common::http_get(s.admin, "/readyz", None)
+        .await
+        .starts_with("ready"));
+    assert!(common::http_get(s.admin, "/healthz", None)
+        .await
+        .starts_with("ok"));
     // Reflection lists our services.
     use tonic_reflection::pb::v1::{
         server_reflection_client::ServerReflectionClient,
@@ -444,20 +448,6 @@ async fn health_reflection_metrics_and_readiness() {
         msg.contains("anarchon.v1.Claims") && msg.contains("anarchon.v1.Mesh"),
         "{msg}"
     );
-}
-
-/// A tiny HTTP/1.1 GET over a raw socket (no HTTP client dependency).
-async fn reqwest_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -431,7 +431,7 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
 
     // Everything was refused and counted, and the mesh keeps working.
     let state = until(Duration::from_secs(5), || async {
-        let body = http_get(sidecars[0].admin, "/api/v1/mesh/state").await;
+        let body = common::http_get(sidecars[0].admin, "/api/v1/mesh/state", None).await;
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         let r = &v["refused"];
         r["no_hello"].as_u64() >= Some(1)
@@ -446,7 +446,7 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
     assert!(
         state.is_some(),
         "{}",
-        http_get(sidecars[0].admin, "/api/v1/mesh/state").await
+        common::http_get(sidecars[0].admin, "/api/v1/mesh/state", None).await
     );
     let l = list(addrs[0]).await;
     assert!(
@@ -458,7 +458,7 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
     );
     let p1 = l.peers.iter().find(|p| p.node == nodes[1]).unwrap();
     assert!(p1.beat < 99, "a forged beat was accepted");
-    let metrics = http_get(sidecars[0].admin, "/metrics").await;
+    let metrics = common::http_get(sidecars[0].admin, "/metrics", None).await;
     assert!(
         metrics.contains("anarchon_mesh_refused_total{reason=\"bad_signature\"}"),
         "{metrics}"
@@ -467,19 +467,6 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
         metrics.contains("anarchon_peers{state=\"ALIVE\"}"),
         "{metrics}"
     );
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
 }
 
 #[allow(unused)]

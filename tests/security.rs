@@ -352,32 +352,14 @@ async fn bearer_token_guards_the_application_api_and_the_mesh_secret_guards_link
             .output()
             .unwrap();
     }
-    let state = http_get(sa.admin, "/api/v1/mesh/state", Some("app-s3cret")).await;
+    let state = common::http_get(sa.admin, "/api/v1/mesh/state", Some("app-s3cret")).await;
     let v: serde_json::Value = serde_json::from_str(&state).unwrap();
     assert!(v["refused"]["bad_secret"].as_u64().unwrap_or(0) >= 1, "{v}");
     assert!(!state.contains("mesh-s3cret") && !state.contains("not-the-secret"));
-    assert!(http_get(sa.admin, "/api/v1/mesh/state", None)
+    assert!(common::http_get(sa.admin, "/api/v1/mesh/state", None)
         .await
         .contains("unauthenticated"));
     // Secrets never reach the logs.
     let log = std::fs::read_to_string(&sa.log).unwrap();
     assert!(!log.contains("app-s3cret") && !log.contains("mesh-s3cret"));
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str, token: Option<&str>) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
 }

@@ -72,6 +72,11 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
     ))
 }
 
+/// Connects, or reports why not (text or JSON) and returns exit status 1.
+async fn connect_or_report(opts: &ClientOpts) -> Result<(ClaimsClient, MeshClient), ExitCode> {
+    connect(opts).await.map_err(|e| fail(opts.json, e))
+}
+
 /// Parses `--slot`: epoch milliseconds, or `now`.
 pub fn parse_slot(s: &str) -> Result<i64, String> {
     if s == "now" {
@@ -229,9 +234,9 @@ pub async fn claim(a: ClaimArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(json, anyhow::anyhow!(e)),
     };
-    let (mut c, _) = match connect(&a.client).await {
+    let (mut c, _) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     match c.claim(req).await {
         Ok(r) => {
@@ -266,9 +271,9 @@ pub struct RenewArgs {
 
 pub async fn renew(a: RenewArgs) -> ExitCode {
     let json = a.client.json;
-    let (mut c, _) = match connect(&a.client).await {
+    let (mut c, _) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     let req = pb::RenewRequest {
         job: a.job.clone(),
@@ -312,9 +317,9 @@ pub struct ReleaseArgs {
 
 pub async fn release(a: ReleaseArgs) -> ExitCode {
     let json = a.client.json;
-    let (mut c, _) = match connect(&a.client).await {
+    let (mut c, _) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     let result = if a.failed {
         pb::ReleaseResult::Failed
@@ -355,9 +360,9 @@ pub struct HistoryArgs {
 
 pub async fn history(a: HistoryArgs) -> ExitCode {
     let json = a.client.json;
-    let (mut c, _) = match connect(&a.client).await {
+    let (mut c, _) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     let req = pb::HistoryRequest {
         job: a.job.clone(),
@@ -424,9 +429,9 @@ pub struct PeersArgs {
 
 pub async fn peers(a: PeersArgs) -> ExitCode {
     let json = a.client.json;
-    let (_, mut m) = match connect(&a.client).await {
+    let (_, mut m) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     match m.list_peers(pb::ListPeersRequest {}).await {
         Ok(r) => {

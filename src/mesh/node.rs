@@ -464,6 +464,20 @@ impl Mesh {
             .cloned()
     }
 
+    /// The first frame of a link, which must be a hello (within one expiry).
+    /// Anything else is counted as `no_hello`.
+    async fn first_hello(&self, inbound: &mut Streaming<pb::SyncFrame>) -> Option<pb::Hello> {
+        match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
+            Ok(Ok(Some(pb::SyncFrame {
+                frame: Some(pb::sync_frame::Frame::Hello(h)),
+            }))) => Some(h),
+            _ => {
+                lock(&self.table).count_refusal(Refusal::NoHello);
+                None
+            }
+        }
+    }
+
     /// Serves an inbound `Sync` stream (the server side of a link).
     pub async fn accept(
         self: Arc<Self>,
@@ -473,16 +487,10 @@ impl Mesh {
         impl tokio_stream::Stream<Item = Result<pb::SyncFrame, Status>> + Send + 'static,
         Status,
     > {
-        let hello = match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
-            Ok(Ok(Some(pb::SyncFrame {
-                frame: Some(pb::sync_frame::Frame::Hello(h)),
-            }))) => h,
-            _ => {
-                lock(&self.table).count_refusal(Refusal::NoHello);
-                return Err(Status::invalid_argument(
-                    "the first sync frame must be a hello",
-                ));
-            }
+        let Some(hello) = self.first_hello(&mut inbound).await else {
+            return Err(Status::invalid_argument(
+                "the first sync frame must be a hello",
+            ));
         };
         if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
             lock(&self.table).count_refusal(r);
@@ -797,14 +805,8 @@ impl Mesh {
                 return Err(other(&st));
             }
         };
-        let hello = match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
-            Ok(Ok(Some(pb::SyncFrame {
-                frame: Some(pb::sync_frame::Frame::Hello(h)),
-            }))) => h,
-            _ => {
-                lock(&self.table).count_refusal(Refusal::NoHello);
-                return Err(DialError::Other("no hello from the peer".into()));
-            }
+        let Some(hello) = self.first_hello(&mut inbound).await else {
+            return Err(DialError::Other("no hello from the peer".into()));
         };
         if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
             lock(&self.table).count_refusal(r);
