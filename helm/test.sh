@@ -166,12 +166,15 @@ EOF
   env -i PATH=/usr/bin:/bin "$ANARCHON_BIN" serve --config "$dir/anarchon.toml" \
     --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --data-dir "$dir/data" \
     --backend "sqlite://$dir/data/anarchon.db" >"$dir/log" 2>&1 &
+  # Accepted once it logs "starting" (config loaded, node key read); a bad
+  # config exits 64 before that.
   local pid=$! _
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    sleep 0.2
+  for _ in $(seq 50); do
+    sleep 0.1
     kill -0 "$pid" 2>/dev/null || break
+    grep -q starting "$dir/log" && break
   done
-  if kill -0 "$pid" 2>/dev/null; then
+  if kill -0 "$pid" 2>/dev/null && grep -q starting "$dir/log"; then
     kill -TERM "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     return 0
@@ -211,6 +214,15 @@ done
 if [ -z "$ANARCHON_BIN" ]; then
   echo "note: no built anarchon found (set ANARCHON_BIN); the rendered config was not fed to the binary"
 fi
+
+# NOTES.txt renders (helm template leaves it out; a client-side dry run does not).
+notes() {
+  local out
+  out=$("$HELM" install demo "$CHART" --namespace "$NS" --dry-run=client "$@" 2>&1) || { echo "$out"; return 1; }
+  grep -qF -- "-c anarchon -- anarchon peers" <<<"$out" || { echo "no kubectl exec hint in NOTES:"; echo "$out"; return 1; }
+}
+check "[default] NOTES.txt renders" notes
+check "[nats] NOTES.txt renders" notes -f "$CHART/ci/nats-values.yaml"
 
 # The oldest supported Kubernetes: native sidecars are there from 1.29.
 if "$HELM" template demo "$CHART" --namespace "$NS" --kube-version "$KUBE_MIN_VERSION" >"$work/min.yaml" 2>&1; then
