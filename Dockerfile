@@ -8,11 +8,14 @@
 #
 # The runtime stage has no shell and no package manager: the binary is the
 # entrypoint, `serve` the default command. It runs as uid/gid 65532.
+# Needs BuildKit (the default builder since Docker 23) for the cache mounts.
 
 # The builder matches the runtime's Debian release (bookworm: glibc 2.36), so
 # the dynamically linked binary finds the same libc, libm and libgcc_s there.
+# Moving to trixie? Move the runtime with it (cc-debian13).
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS builder
 WORKDIR /src
@@ -32,15 +35,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
  && install -D -m 0755 target/release/anarchon /out/usr/local/bin/anarchon \
  && install -d -m 0700 -o 65532 -g 65532 /out/data
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM ${RUNTIME_IMAGE}
 LABEL org.opencontainers.image.title="anarchon" \
       org.opencontainers.image.description="A gRPC sidecar that tells a fleet who owns a piece of work and who is alive" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder /out/usr/local/bin/anarchon /usr/local/bin/anarchon
 COPY --from=builder --chown=65532:65532 /out/data /data
 # In a container the listeners must not be loopback-only: peers dial the gRPC
-# port from other pods. These are environment defaults: flags, and the
-# container's own environment, still win (a TOML file does not: env beats it).
+# port from other pods. Precedence is defaults < TOML < environment < flags,
+# so these beat `listen`, `admin_listen` and `data_dir` in a TOML file; change
+# them with flags or the container's own environment (the Helm chart does).
 ENV ANARCHON_LISTEN=0.0.0.0:50051 \
     ANARCHON_ADMIN_LISTEN=0.0.0.0:9464 \
     ANARCHON_DATA_DIR=/data
