@@ -181,6 +181,6 @@ fn main() {
     println!("| runtimes | links per runtime | bytes per link per heartbeat | KiB sent per runtime per heartbeat | CPU ms per heartbeat per runtime (ingest) | detection min ms | p50 | p99 | max |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
-        simulate(n, if n >= 256 { 4 } else { 10 });
+        simulate(n, if n >= 256 { 2 } else { 10 });
     }
 }
