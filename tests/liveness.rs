@@ -39,3 +39,25 @@ fn sqlite() -> Option<String> {
 }
 
 liveness!(sqlite, sqlite());
+
+/// `cargo test --release --test liveness -- --ignored --nocapture takeover_latency`
+/// prints the takeover latency distribution over 20 SIGKILLs (docs/BENCHMARKS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run explicitly"]
+async fn takeover_latency_over_20_sigkills() {
+    let _turn = TURN.lock().await;
+    let mut lat = liveness::takeover_latency_distribution(&sqlite().unwrap(), 20).await;
+    lat.sort();
+    let ms = |d: std::time::Duration| d.as_millis();
+    let q = |p: f64| lat[((lat.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "takeover after SIGKILL, heartbeat {} ms, expiry {} ms, {} rounds: min {} p50 {} p99 {} max {} ms",
+        liveness::HB,
+        liveness::EXPIRY,
+        lat.len(),
+        ms(lat[0]),
+        ms(q(0.5)),
+        ms(q(0.99)),
+        ms(lat[lat.len() - 1])
+    );
+}

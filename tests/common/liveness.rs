@@ -306,3 +306,42 @@ pub async fn waiters_wake_on_release_and_death(backend: &str) {
         "waiter won {after:?} after the kill, want [{lo:?}, {hi:?}]"
     );
 }
+
+/// Benchmark (not a timed test): over `rounds` SIGKILLs of the holder, the
+/// distribution of takeover latency against the declared expiry.
+pub async fn takeover_latency_distribution(backend: &str, rounds: usize) -> Vec<Duration> {
+    let mut p = Pair::start(backend).await;
+    let mut out = Vec::new();
+    for round in 0..rounds {
+        let job = format!("dist-{round}-{:08x}", rand::random::<u32>());
+        let slot = anarchon::claim::host_now_ms();
+        let mut ca = claims(p.a.addr).await;
+        let mut cb = claims(p.b.addr).await;
+        assert!(won(&ca
+            .claim(req(&job, slot, 60_000))
+            .await
+            .unwrap()
+            .into_inner()));
+        // Kill at a random phase of the heartbeat.
+        tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % HB)).await;
+        p.a.kill();
+        let killed = Instant::now();
+        loop {
+            let r = cb
+                .claim(req(&job, slot, 60_000))
+                .await
+                .unwrap()
+                .into_inner();
+            if won(&r) {
+                assert_eq!(r.attempt, 2);
+                out.push(killed.elapsed());
+                break;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        p.a.restart();
+        p.linked().await;
+    }
+    out
+}
