@@ -89,7 +89,7 @@ venv="$cache/venv"
 py="$venv/bin/python"
 pins="$(cat "$here/python/generate-requirements.txt")"
 if ! "$py" -c 'import grpc_tools, pytest' >/dev/null 2>&1 ||
-  ! "$py" -m pip freeze 2>/dev/null | grep -qix "$pins"; then
+  ! grep -qix "$pins" <<<"$("$py" -m pip freeze 2>/dev/null)"; then
   note "== preparing the Python venv $venv"
   mkdir -p "$cache"
   python3 -m venv "$venv" >"$work/venv.log" 2>&1 &&
@@ -164,6 +164,24 @@ if want python; then
   [ -z "$p" ] && p=0; [ -z "$f" ] && f=0
   if [ "$p" = 0 ] && [ "$f" = 0 ]; then f=1; fi
   record python "$p" "$f"
+fi
+
+# ------------------------------------------------------------------------- go
+# GOPATH mode with Debian's Go packages (there is no module proxy here).
+gopath="$work/gopath"
+mkdir -p "$gopath/src/github.com/anarchon/anarchon/clients"
+ln -s "$here/go" "$gopath/src/github.com/anarchon/anarchon/clients/go"
+gopkg="$gopath/src/github.com/anarchon/anarchon/clients/go"
+goenv=(env GO111MODULE=off GOPATH="$gopath:/usr/share/gocode")
+if want go; then
+  note "== go (go vet, go test)"
+  (cd "$gopkg" && "${goenv[@]}" go vet ./... && "${goenv[@]}" go test -count=1 -v ./...) >"$work/go.log" 2>&1
+  rc=$?
+  grep -E '^(--- |ok|FAIL)|^\s+\S+_test\.go:[0-9]+' "$work/go.log"
+  p=$(grep -cE '^--- PASS' "$work/go.log")
+  f=$(grep -cE '^--- FAIL' "$work/go.log")
+  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then tail -30 "$work/go.log"; f=1; fi
+  record go "$p" "$f"
 fi
 
 summary
