@@ -184,4 +184,74 @@ if want go; then
   record go "$p" "$f"
 fi
 
+# ----------------------------------------------------------------------- java
+# javac against Debian's jars (Maven Central is not reachable; pom.xml is for users).
+# netty-all.jar is empty on Debian: the individual netty jars are listed.
+jars=(grpc-api grpc-core grpc-context grpc-netty grpc-protobuf grpc-protobuf-lite grpc-stub
+  protobuf guava perfmark-api gson jsr305 error_prone_annotations geronimo-annotation-1.3-spec
+  netty-buffer netty-codec netty-codec-http netty-codec-http2 netty-codec-socks netty-common
+  netty-handler netty-handler-proxy netty-resolver netty-transport netty-transport-native-unix-common
+  junit4 hamcrest-core)
+jcp=""
+for j in "${jars[@]}"; do jcp="$jcp${jcp:+:}/usr/share/java/$j.jar"; done
+jbuild() {
+  mkdir -p "$work/java/classes" "$work/java/test-classes" &&
+    javac -nowarn -encoding UTF-8 -d "$work/java/classes" -cp "$jcp" \
+      $(find "$here/java/src/main/java" -name '*.java') &&
+    javac -nowarn -encoding UTF-8 -d "$work/java/test-classes" -cp "$work/java/classes:$jcp" \
+      $(find "$here/java/src/test/java" -name '*.java')
+}
+jrun() { java -cp "$work/java/test-classes:$work/java/classes:$jcp" "$@"; }
+java_built=0
+if want java || want contest; then
+  note "== java: javac"
+  if jbuild >"$work/javac.log" 2>&1; then java_built=1; else cat "$work/javac.log"; fi
+fi
+if want java; then
+  note "== java (JUnit 4)"
+  if [ "$java_built" = 1 ]; then
+    jrun org.junit.runner.JUnitCore io.anarchon.client.AnarchonClientTest >"$work/java.log" 2>&1
+    rc=$?
+    grep -vE '^\s+at ' "$work/java.log" | tail -40
+    if line=$(grep -oE '^OK \([0-9]+ tests?\)' "$work/java.log"); then
+      p=$(grep -oE '[0-9]+' <<<"$line"); f=0
+    elif line=$(grep -E '^Tests run: [0-9]+, +Failures: [0-9]+' "$work/java.log"); then
+      n=$(sed -E 's/^Tests run: ([0-9]+).*/\1/' <<<"$line"); f=$(sed -E 's/.*Failures: ([0-9]+).*/\1/' <<<"$line")
+      p=$((n - f))
+    else
+      p=0; f=1
+    fi
+    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then f=1; fi
+    record java "$p" "$f"
+  else
+    record java 0 1
+  fi
+fi
+
+# -------------------------------------------------------------------- contest
+# Python, Go and Java claimers race for the same slots through A and B (one
+# shared SQLite file): exactly one WON per slot, no double wins, no slot left
+# without a winner.
+if want contest; then
+  note "== contest: python, go and java claimers on two sidecars"
+  export CONTEST_JOB="contest-$RANDOM$RANDOM" CONTEST_SLOTS="${CONTEST_SLOTS:-100}"
+  ok=1
+  (cd "$gopkg" && "${goenv[@]}" go build -o "$work/contest-go" ./internal/contest) >"$work/contest-build.log" 2>&1 || ok=0
+  [ "$java_built" = 1 ] || ok=0
+  if [ "$ok" = 1 ]; then
+    now_ms=$("$py" -c 'import time; print(int(time.time() * 1000))')
+    export CONTEST_BASE="$now_ms" CONTEST_START_MS=$((now_ms + 4000))
+    "$py" "$here/python/tests/contest.py" >"$work/contest-python.out" 2>"$work/contest-python.err" & cp1=$!
+    "$work/contest-go" >"$work/contest-go.out" 2>"$work/contest-go.err" & cp2=$!
+    jrun io.anarchon.client.Contest >"$work/contest-java.out" 2>"$work/contest-java.err" & cp3=$!
+    wait "$cp1" || ok=0; wait "$cp2" || ok=0; wait "$cp3" || ok=0
+    cat "$work"/contest-*.err
+    "$py" "$here/testing/contest_check.py" "$CONTEST_SLOTS" "$CONTEST_BASE" \
+      "$work/contest-python.out" "$work/contest-go.out" "$work/contest-java.out" || ok=0
+  else
+    cat "$work/contest-build.log"; note "  contest: a claimer could not be built"
+  fi
+  if [ "$ok" = 1 ]; then record contest 1 0; else record contest 0 1; fi
+fi
+
 summary
