@@ -120,6 +120,7 @@ if want generated; then
 fi
 
 # ------------------------------------------------------------------ sidecars
+want python || want go || want java || want contest || summary
 if [ -n "${ANARCHON_BIN:-}" ]; then
   bin="$ANARCHON_BIN"
 else
@@ -177,6 +178,8 @@ if want go; then
   note "== go (go vet, go test)"
   (cd "$gopkg" && "${goenv[@]}" go vet ./... && "${goenv[@]}" go test -count=1 -v ./...) >"$work/go.log" 2>&1
   rc=$?
+  unformatted="$(cd "$here/go" && gofmt -l $(find . -name '*.go' -not -path './anarchonv1/*'))"
+  if [ -n "$unformatted" ]; then note "  gofmt: not formatted: $unformatted"; rc=1; fi
   grep -E '^(--- |ok|FAIL)|^\s+\S+_test\.go:[0-9]+' "$work/go.log"
   p=$(grep -cE '^--- PASS' "$work/go.log")
   f=$(grep -cE '^--- FAIL' "$work/go.log")

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	anarchon "github.com/anarchon/anarchon/clients/go"
@@ -368,5 +369,19 @@ func TestBearerToken(t *testing.T) {
 	bad := dial(t, "ANARCHON_C")
 	if _, err := bad.Claim(ctx(t), "go-auth", 0); !errors.Is(err, anarchon.ErrUnauthenticated) {
 		t.Fatalf("%v", err)
+	}
+}
+
+func TestOptionsAndSlotOf(t *testing.T) {
+	c := dial(t, "ANARCHON_A", anarchon.WithDialOptions(grpc.WithUserAgent("anarchon-go-test")))
+	if got := anarchon.SlotOf(time.UnixMilli(1796000000000)); got != 1796000000000 {
+		t.Fatal(got)
+	}
+	wctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	ch, err := c.WatchPeers(wctx, anarchon.IncludeExpired())
+	must(t, err)
+	if ev := <-ch; ev.Err != nil || ev.Kind != "SNAPSHOT" {
+		t.Fatalf("%+v", ev)
 	}
 }

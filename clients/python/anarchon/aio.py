@@ -209,7 +209,7 @@ class AsyncHold:
                 if not held.lost and not held.released:
                     try:
                         await self._client.release(held, succeeded=False)
-                    except AnarchonError as rel:
+                    except Exception as rel:
                         log.warning("could not release %s/%s as FAILED: %s", held.job, held.slot_ms, rel)
                 return False
             if held.lost:

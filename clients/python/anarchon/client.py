@@ -180,7 +180,7 @@ class Client:
                 if not held.lost and not held.released:
                     try:
                         self.release(held, succeeded=False)
-                    except AnarchonError as rel:  # the block's exception matters more
+                    except Exception as rel:  # the block's exception matters more
                         log.warning("could not release %s/%s as FAILED: %s", job, held.slot_ms, rel)
                 raise
             if held.lost:

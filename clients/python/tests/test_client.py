@@ -261,6 +261,8 @@ def test_watch_peers_snapshot_then_cancel(a, b):
     assert all(ev.kind == "SNAPSHOT" for ev in seen)
     assert seen[-1].peer.state == "ALIVE"
     assert list(watch) == []  # cancelled: iteration stops
+    with a.watch_peers(include_expired=True) as watch:
+        assert next(watch).kind == "SNAPSHOT"
 
 
 def test_bearer_token():

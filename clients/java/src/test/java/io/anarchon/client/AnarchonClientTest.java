@@ -315,6 +315,9 @@ public class AnarchonClientTest {
       w.close();
       assertFalse(w.hasNext());
     }
+    try (PeerWatch w = a.watchPeers(true)) {
+      assertEquals("SNAPSHOT", w.next().kind());
+    }
     assertTrue(seen.stream().allMatch(e -> e.kind().equals("SNAPSHOT")));
     assertEquals(other, seen.get(seen.size() - 1).peer().node());
   }
