@@ -409,7 +409,7 @@ async fn health_reflection_metrics_and_readiness() {
     let mut c = s.claims().await;
     c.claim(req("metered", now())).await.unwrap();
     c.claim(req("metered", 5)).await.unwrap(); // LATE
-    let body = reqwest_get(s.admin, "/metrics").await;
+    let body = common::http_get(s.admin, "/metrics", None).await;
     assert!(
         body.contains("anarchon_claims_total{outcome=\"WON\",backend=\"sqlite\"} 1"),
         "{body}"
@@ -422,8 +422,12 @@ async fn health_reflection_metrics_and_readiness() {
         body.contains("anarchon_rpc_duration_seconds_bucket"),
         "{body}"
     );
-    assert!(reqwest_get(s.admin, "/readyz").await.starts_with("ready"));
-    assert!(reqwest_get(s.admin, "/healthz").await.starts_with("ok"));
+    assert!(common::http_get(s.admin, "/readyz", None)
+        .await
+        .starts_with("ready"));
+    assert!(common::http_get(s.admin, "/healthz", None)
+        .await
+        .starts_with("ok"));
     // Reflection lists our services.
     use tonic_reflection::pb::v1::{
         server_reflection_client::ServerReflectionClient,
@@ -444,20 +448,6 @@ async fn health_reflection_metrics_and_readiness() {
         msg.contains("anarchon.v1.Claims") && msg.contains("anarchon.v1.Mesh"),
         "{msg}"
     );
-}
-
-/// A tiny HTTP/1.1 GET over a raw socket (no HTTP client dependency).
-async fn reqwest_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -491,4 +481,73 @@ async fn graceful_stop_ends_held_leases() {
         (Outcome::Won, 2),
         "the leaver's lease must end at once"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_answer_with_a_clear_status() {
+    let s = InProc::start(|c| {
+        c.max_holds_per_client = 2;
+        c.max_request_bytes = 4096;
+    })
+    .await;
+    let mut c = s.claims().await;
+    // An oversized request is refused before it is decoded.
+    let st = c
+        .claim(pb::ClaimRequest {
+            job: "big".into(),
+            token: "a".repeat(10_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(st.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{st:?}"
+    );
+    // Hold streams per client are bounded; closing one frees its place.
+    let mut open = Vec::new();
+    for i in 0..2 {
+        let mut st = c.hold(req(&format!("h{i}"), 0)).await.unwrap().into_inner();
+        assert!(won(&st.message().await.unwrap().unwrap().claim.unwrap()));
+        open.push(st);
+    }
+    let st = c.hold(req("h2", 0)).await.unwrap_err();
+    assert_eq!(st.code(), Code::ResourceExhausted);
+    assert!(st.message().contains("max_holds_per_client"), "{st:?}");
+    // Nothing was claimed by the refused hold.
+    let h = c
+        .history(pb::HistoryRequest {
+            job: "h2".into(),
+            limit: 5,
+            before_slot_ms: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(h.runs.is_empty());
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match c.hold(req("h2", 0)).await {
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                assert!(won(&stream
+                    .message()
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .claim
+                    .unwrap()));
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted);
+                assert!(
+                    Instant::now() < deadline,
+                    "the closed hold's place was never freed"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
 }

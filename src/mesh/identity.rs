@@ -110,6 +110,16 @@ impl Identity {
         }
     }
 
+    /// A deterministic identity from a seed (fuzzing, simulations).
+    pub fn from_seed(seed: [u8; 32], instance: u64) -> Identity {
+        let key = SigningKey::from_bytes(&seed);
+        Identity {
+            node: node_id(&key.verifying_key()),
+            key,
+            instance,
+        }
+    }
+
     pub fn public_key(&self) -> VerifyingKey {
         self.key.verifying_key()
     }

@@ -34,6 +34,8 @@ pub enum Refusal {
     BadProof,
     /// The first frame of a link was not a hello.
     NoHello,
+    /// A runtime opened more links than allowed.
+    TooManyLinks,
 }
 
 impl Refusal {
@@ -50,6 +52,7 @@ impl Refusal {
             Refusal::BadSecret => "bad_secret",
             Refusal::BadProof => "bad_proof",
             Refusal::NoHello => "no_hello",
+            Refusal::TooManyLinks => "too_many_links",
         }
     }
 

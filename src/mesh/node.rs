@@ -42,10 +42,19 @@ pub struct MeshConfig {
     pub max_runtimes: usize,
     pub max_frame_bytes: usize,
     pub watch_buffer: usize,
+    /// Inbound links accepted at once from one runtime.
+    pub max_links_per_peer: usize,
+    /// TLS for dialing peers (their CA, our certificate), when TLS is on.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl MeshConfig {
-    pub fn from_config(c: &crate::Config, advertise: String, secret: Option<String>) -> Self {
+    pub fn from_config(
+        c: &crate::Config,
+        advertise: String,
+        secret: Option<String>,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Self {
         MeshConfig {
             heartbeat: Duration::from_millis(c.heartbeat_ms),
             expiry: Duration::from_millis(c.expiry_ms),
@@ -58,6 +67,8 @@ impl MeshConfig {
             max_runtimes: c.max_runtimes,
             max_frame_bytes: c.max_frame_bytes,
             watch_buffer: c.watch_buffer,
+            max_links_per_peer: c.max_links_per_peer,
+            tls,
         }
     }
 }
@@ -85,6 +96,9 @@ pub struct Mesh {
     self_addrs: Mutex<HashSet<String>>,
     dns: Mutex<HashSet<String>>,
     stop: watch::Receiver<bool>,
+    /// Bumped when a peer dies or nudges us: waiters re-check the store.
+    runs_changed: watch::Sender<u64>,
+    nudges: broadcast::Sender<pb::Nudge>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -109,8 +123,14 @@ struct KnownPeer {
 const PEERS_FILE: &str = "peers.json";
 
 impl Mesh {
-    /// Starts the mesh tasks. They stop when `stop` turns true.
-    pub fn start(id: Arc<Identity>, cfg: MeshConfig, stop: watch::Receiver<bool>) -> Arc<Mesh> {
+    /// Starts the mesh tasks. They stop when `stop` turns true. The mesh bumps
+    /// `runs_changed` when a runtime dies or a peer nudges us.
+    pub fn start(
+        id: Arc<Identity>,
+        cfg: MeshConfig,
+        stop: watch::Receiver<bool>,
+        runs_changed: watch::Sender<u64>,
+    ) -> Arc<Mesh> {
         let mut table = PeerTable::new(
             TableConfig {
                 expiry: cfg.expiry,
@@ -128,6 +148,7 @@ impl Mesh {
         );
         let (events, _) = broadcast::channel(1024);
         let (push, _) = watch::channel(0u64);
+        let (nudges, _) = broadcast::channel(256);
         let mut self_addrs = HashSet::new();
         self_addrs.insert(cfg.advertise.clone());
         let mesh = Arc::new(Mesh {
@@ -143,6 +164,8 @@ impl Mesh {
             self_addrs: Mutex::new(self_addrs),
             dns: Mutex::new(HashSet::new()),
             stop,
+            runs_changed,
+            nudges,
         });
         tokio::spawn(mesh.clone().beat_loop());
         tokio::spawn(mesh.clone().discovery_loop());
@@ -160,22 +183,24 @@ impl Mesh {
 
     // ---- beats and events --------------------------------------------------
 
+    /// Beats on an exact heartbeat period (so a peer's last view of us is at
+    /// most one heartbeat old), and ticks the table every quarter heartbeat
+    /// (so a state change is published at most a quarter heartbeat late).
     async fn beat_loop(self: Arc<Self>) {
+        let mut beats = tokio::time::interval(self.cfg.heartbeat);
+        beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let quarter = (self.cfg.heartbeat / 4).max(Duration::from_millis(10));
-        let mut every = tokio::time::interval(quarter);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_beat = Instant::now();
+        let mut ticks = tokio::time::interval(quarter);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
-                _ = every.tick() => {}
+                biased;
                 _ = stop.changed() => return,
+                _ = beats.tick() => self.raise_beat(false, Instant::now()),
+                _ = ticks.tick() => {}
             }
             let now = Instant::now();
-            if now.duration_since(last_beat) >= self.cfg.heartbeat {
-                last_beat = now;
-                self.raise_beat(false, now);
-            }
             let changes = lock(&self.table).tick(now);
             self.publish(changes, now);
         }
@@ -194,6 +219,12 @@ impl Mesh {
     fn publish(&self, changes: Vec<(String, Change)>, now: Instant) {
         if changes.is_empty() {
             return;
+        }
+        if changes
+            .iter()
+            .any(|(_, c)| matches!(c, Change::Expired | Change::Left | Change::Restarted))
+        {
+            self.wake_waiters();
         }
         let table = lock(&self.table);
         for (node, change) in changes {
@@ -216,6 +247,21 @@ impl Mesh {
                 "ANOTHER PROCESS IS RUNNING WITH THIS NODE KEY: two runtimes share one data dir or key file; stop one of them"
             );
         }
+    }
+
+    fn wake_waiters(&self) {
+        self.runs_changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Tells every linked peer that a run was released or its lease ended
+    /// here, so their waiters re-check at once.
+    pub fn nudge(&self, job: &str, slot_ms: i64) {
+        let _ = self.nudges.send(pb::Nudge {
+            runs: vec![pb::RunRef {
+                job: job.to_owned(),
+                slot_ms,
+            }],
+        });
     }
 
     /// Announces a graceful leave: a signed LEFT mark, pushed on every link.
@@ -418,6 +464,20 @@ impl Mesh {
             .cloned()
     }
 
+    /// The first frame of a link, which must be a hello (within one expiry).
+    /// Anything else is counted as `no_hello`.
+    async fn first_hello(&self, inbound: &mut Streaming<pb::SyncFrame>) -> Option<pb::Hello> {
+        match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
+            Ok(Ok(Some(pb::SyncFrame {
+                frame: Some(pb::sync_frame::Frame::Hello(h)),
+            }))) => Some(h),
+            _ => {
+                lock(&self.table).count_refusal(Refusal::NoHello);
+                None
+            }
+        }
+    }
+
     /// Serves an inbound `Sync` stream (the server side of a link).
     pub async fn accept(
         self: Arc<Self>,
@@ -427,16 +487,10 @@ impl Mesh {
         impl tokio_stream::Stream<Item = Result<pb::SyncFrame, Status>> + Send + 'static,
         Status,
     > {
-        let hello = match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
-            Ok(Ok(Some(pb::SyncFrame {
-                frame: Some(pb::sync_frame::Frame::Hello(h)),
-            }))) => h,
-            _ => {
-                lock(&self.table).count_refusal(Refusal::NoHello);
-                return Err(Status::invalid_argument(
-                    "the first sync frame must be a hello",
-                ));
-            }
+        let Some(hello) = self.first_hello(&mut inbound).await else {
+            return Err(Status::invalid_argument(
+                "the first sync frame must be a hello",
+            ));
         };
         if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
             lock(&self.table).count_refusal(r);
@@ -451,6 +505,16 @@ impl Mesh {
         if hello.node == self.id.node {
             return Err(Status::failed_precondition("self: this address is my own"));
         }
+        let inbound_links = lock(&self.links)
+            .values()
+            .filter(|l| l.node == hello.node && !l.outbound)
+            .count();
+        if inbound_links >= self.cfg.max_links_per_peer {
+            lock(&self.table).count_refusal(Refusal::TooManyLinks);
+            return Err(Status::resource_exhausted(format!(
+                "{inbound_links} links from this runtime already (max_links_per_peer)"
+            )));
+        }
         let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
         let _ = tx.try_send(pb::SyncFrame {
             frame: Some(pb::sync_frame::Frame::Hello(sign_hello(
@@ -460,7 +524,6 @@ impl Mesh {
             ))),
         });
         let address = hello.address.clone();
-        let inbound = inbound.map(|r| r.map_err(|e| e));
         tokio::spawn(self.clone().run_link(hello, address, false, inbound, tx));
         Ok(ReceiverStream::new(rx).map(Ok))
     }
@@ -492,6 +555,7 @@ impl Mesh {
         // Frames go out when our beat rises (and once now, so a new link
         // learns everything at once).
         let mut push = self.push.subscribe();
+        let mut nudges = self.nudges.subscribe();
         let mut stop = self.stop.clone();
         let mut last_rx = now;
         if !self.send_frame(&tx) {
@@ -503,6 +567,14 @@ impl Mesh {
             tokio::select! {
                 _ = push.changed() => {
                     if !self.send_frame(&tx) { break; }
+                }
+                nudge = nudges.recv() => {
+                    if let Ok(n) = nudge {
+                        let frame = pb::SyncFrame { frame: Some(pb::sync_frame::Frame::Nudge(n)) };
+                        if matches!(tx.try_send(frame), Err(mpsc::error::TrySendError::Closed(_))) {
+                            break;
+                        }
+                    }
                 }
                 msg = inbound.next() => match msg {
                     Some(Ok(frame)) => {
@@ -553,6 +625,10 @@ impl Mesh {
         let marks = match frame.frame {
             Some(pb::sync_frame::Frame::Marks(m)) => m.marks,
             Some(pb::sync_frame::Frame::Hello(_)) => return,
+            Some(pb::sync_frame::Frame::Nudge(_)) => {
+                self.wake_waiters();
+                return;
+            }
             None => {
                 lock(&self.table).count_refusal(Refusal::Malformed);
                 return;
@@ -592,7 +668,7 @@ impl Mesh {
                 _ = every.tick() => {}
                 _ = stop.changed() => return,
             }
-            if n % 5 == 0 {
+            if n.is_multiple_of(5) {
                 self.resolve_dns().await;
             }
             n += 1;
@@ -692,10 +768,18 @@ impl Mesh {
 
     async fn dial_once(self: Arc<Self>, addr: &str) -> Result<(), DialError> {
         let other = |e: &dyn std::fmt::Display| DialError::Other(e.to_string());
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.cfg.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| other(&e))?
             .connect_timeout(self.cfg.heartbeat * 2)
             .tcp_nodelay(true);
+        if let Some(tls) = &self.cfg.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| other(&e))?;
+        }
         let channel = endpoint.connect().await.map_err(|e| other(&e))?;
         let mut client = pb::mesh_client::MeshClient::new(channel)
             .max_decoding_message_size(self.cfg.max_frame_bytes)
@@ -721,14 +805,8 @@ impl Mesh {
                 return Err(other(&st));
             }
         };
-        let hello = match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
-            Ok(Ok(Some(pb::SyncFrame {
-                frame: Some(pb::sync_frame::Frame::Hello(h)),
-            }))) => h,
-            _ => {
-                lock(&self.table).count_refusal(Refusal::NoHello);
-                return Err(DialError::Other("no hello from the peer".into()));
-            }
+        let Some(hello) = self.first_hello(&mut inbound).await else {
+            return Err(DialError::Other("no hello from the peer".into()));
         };
         if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
             lock(&self.table).count_refusal(r);

@@ -150,6 +150,19 @@ impl PeerTable {
         from: Option<&str>,
         now: Instant,
     ) -> Result<Option<Change>, Refusal> {
+        // Cheap checks first: relays repeat the same marks all the time, and a
+        // mark that is not newer is dropped whatever its signature says.
+        if let Some(e) = self.peers.get_mut(&mark.node) {
+            if mark.instance < e.mark.instance {
+                return Err(self.drop_mark(Refusal::StaleInstance));
+            }
+            if mark.instance == e.mark.instance && mark.beat <= e.mark.beat {
+                if from == Some(mark.node.as_str()) {
+                    e.direct_rx = Some(now);
+                }
+                return Err(self.drop_mark(Refusal::NotNewer));
+            }
+        }
         if let Err(r) = verify_mark(mark) {
             return Err(self.drop_mark(r));
         }
@@ -157,13 +170,9 @@ impl PeerTable {
             if mark.instance != self.self_instance {
                 // Another process with our key? Only a *rising* beat of a
                 // foreign instance proves it is alive right now.
-                match self.foreign_self {
-                    Some((i, b)) if i == mark.instance && mark.beat > b => {
-                        if mark.instance > self.self_instance || !self.duplicate_key {
-                            self.duplicate_key = true;
-                        }
-                    }
-                    _ => {}
+                if matches!(self.foreign_self, Some((i, b)) if i == mark.instance && mark.beat > b)
+                {
+                    self.duplicate_key = true;
                 }
                 if self
                     .foreign_self
@@ -195,15 +204,6 @@ impl PeerTable {
                 Change::Joined
             }
             Some(e) => {
-                if mark.instance < e.mark.instance {
-                    return Err(self.drop_mark(Refusal::StaleInstance));
-                }
-                if mark.instance == e.mark.instance && mark.beat <= e.mark.beat {
-                    if direct {
-                        e.direct_rx = Some(now);
-                    }
-                    return Err(self.drop_mark(Refusal::NotNewer));
-                }
                 let restarted = mark.instance > e.mark.instance;
                 let before = e.reported;
                 if restarted {

@@ -9,6 +9,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
+use super::auth::Auth;
 use super::metrics::Metrics;
 use crate::mesh::Mesh;
 use crate::store::DynStore;
@@ -18,6 +19,8 @@ pub struct AdminState {
     pub store: DynStore,
     pub metrics: Arc<Metrics>,
     pub mesh: Arc<Mesh>,
+    /// `/api/*` sits behind the application bearer token when one is set.
+    pub auth: Auth,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -42,8 +45,15 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-async fn mesh_state(State(s): State<AdminState>) -> impl IntoResponse {
-    axum::Json(s.mesh.state_json())
+async fn mesh_state(
+    State(s): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let md = tonic::metadata::MetadataMap::from_headers(headers);
+    if s.auth.check(&md).is_err() {
+        return (StatusCode::UNAUTHORIZED, "unauthenticated\n").into_response();
+    }
+    axum::Json(s.mesh.state_json()).into_response()
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {

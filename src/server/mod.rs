@@ -8,9 +8,11 @@
 //! over), and in-flight requests drain for up to `drain_ms`.
 
 pub mod admin;
+pub mod auth;
 pub mod claims;
 pub mod mesh;
 pub mod metrics;
+pub mod tls;
 pub mod validate;
 
 use std::future::Future;
@@ -78,35 +80,46 @@ pub async fn run(
     } else {
         cfg.advertise.clone()
     };
-    let secret = match &cfg.mesh_secret_file {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read mesh_secret_file {}", p.display()))?
-                .trim()
-                .to_owned(),
-        ),
-        None => None,
-    };
+    let secret = cfg
+        .mesh_secret_file
+        .as_deref()
+        .map(|p| auth::read_secret("mesh_secret_file", p))
+        .transpose()?;
+    let app_auth = auth::Auth::new(
+        cfg.auth_token_file
+            .as_deref()
+            .map(|p| auth::read_secret("auth_token_file", p))
+            .transpose()?,
+    );
+    let tls = tls::load(&cfg)?;
     let (drain_tx, drain_rx) = watch::channel(false);
     let (mesh_stop_tx, mesh_stop_rx) = watch::channel(false);
+    let (changed, _) = watch::channel(0u64);
     let mesh = Mesh::start(
         identity.clone(),
-        MeshConfig::from_config(&cfg, advertise, secret),
+        MeshConfig::from_config(
+            &cfg,
+            advertise,
+            secret,
+            tls.as_ref().map(|t| t.peer_client.clone()),
+        ),
         mesh_stop_rx,
+        changed.clone(),
     );
 
     let metrics = Arc::new(metrics::Metrics::default());
     metrics.store_up.set(1);
-    let (changed, _) = watch::channel(0u64);
     let state = Arc::new(ClaimsState {
         store: store.clone(),
         defaults: validate::ClaimDefaults::from_config(&cfg),
         holder: holder.clone(),
         metrics: metrics.clone(),
         liveness: mesh.clone(),
+        mesh: Some(mesh.clone()),
         changed,
         poll: Duration::from_millis(cfg.heartbeat_ms),
         shutdown: drain_rx,
+        holds: claims::HoldLimiter::new(cfg.max_holds_per_client),
     });
 
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -121,7 +134,10 @@ pub async fn run(
         .build_v1()
         .context("reflection")?;
 
-    let mesh_svc = mesh::MeshService(mesh.clone());
+    let mesh_svc = mesh::MeshService {
+        mesh: mesh.clone(),
+        auth: app_auth.clone(),
+    };
 
     let pruner = tokio::spawn(store::prune_loop(
         store.clone(),
@@ -161,12 +177,14 @@ pub async fn run(
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let admin_auth = app_auth.clone();
     let admin_task = match listeners.admin {
         Some(l) => {
             let router = admin::router(admin::AdminState {
                 store: store.clone(),
                 metrics: metrics.clone(),
                 mesh: mesh.clone(),
+                auth: admin_auth,
             });
             let stop = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
@@ -176,10 +194,19 @@ pub async fn run(
         None => None,
     };
 
-    let grpc = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(cfg.max_concurrent_per_connection);
+    if let Some(t) = &tls {
+        builder = builder.tls_config(t.server.clone()).context("TLS")?;
+    }
+    let grpc = builder
         .add_service(health_svc)
         .add_service(reflection)
-        .add_service(pb::claims_server::ClaimsServer::new(ClaimsService(state)))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            pb::claims_server::ClaimsServer::new(ClaimsService(state))
+                .max_decoding_message_size(cfg.max_request_bytes),
+            app_auth,
+        ))
         .add_service(
             pb::mesh_server::MeshServer::new(mesh_svc)
                 .max_decoding_message_size(cfg.max_frame_bytes)
