@@ -694,20 +694,34 @@ impl PostgresStore {
         Ok(out)
     }
 
-    async fn renew_once(&self, spec: &RenewSpec, dead: &DeadHolders) -> Attempt<Renewed> {
-        // Refuse without a lock when a plain read already says so.
-        {
-            let mut conn = self.pool.acquire().await?;
-            let (_, snap) = self.peek(&mut conn, &spec.job, spec.slot_ms).await?;
-            decide_renew(snap.as_ref(), &spec.token, dead)?;
-        }
-        let mut tx = self.pool.begin().await?;
+    /// The run, read without a lock.
+    async fn snapshot(&self, job: &Job, slot: SlotMs) -> Attempt<Option<RunRow>> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(self.peek(&mut conn, job, slot).await?.1)
+    }
+
+    /// For renew and release: takes the job's lock and returns the clock
+    /// after it and the run, read `FOR UPDATE`. A job without a row has no
+    /// runs.
+    async fn locked_run(
+        &self,
+        conn: &mut PgConnection,
+        job: &Job,
+        slot: SlotMs,
+    ) -> Attempt<(i64, Option<RunRow>)> {
         let now = self
-            .lock_existing_job(&mut tx, &spec.job)
+            .lock_existing_job(conn, job)
             .await?
             .ok_or_else(|| Error::NotFound("no such run".into()))?;
-        let mut runs = self.runs(&mut tx, 0);
-        let run = runs.run(&spec.job, spec.slot_ms).await?;
+        Ok((now, self.runs(conn, 0).run(job, slot).await?))
+    }
+
+    async fn renew_once(&self, spec: &RenewSpec, dead: &DeadHolders) -> Attempt<Renewed> {
+        // Refuse without a lock when a plain read already says so.
+        let snap = self.snapshot(&spec.job, spec.slot_ms).await?;
+        decide_renew(snap.as_ref(), &spec.token, dead)?;
+        let mut tx = self.pool.begin().await?;
+        let (now, run) = self.locked_run(&mut tx, &spec.job, spec.slot_ms).await?;
         let r = decide_renew(run.as_ref(), &spec.token, dead)?;
         let lease_until = now.saturating_add(spec.lease_ms);
         sqlx::query(&self.sql.renew)
@@ -727,21 +741,12 @@ impl PostgresStore {
     }
 
     async fn release_once(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Attempt<()> {
-        {
-            let mut conn = self.pool.acquire().await?;
-            let (_, snap) = self.peek(&mut conn, &spec.job, spec.slot_ms).await?;
-            if decide_release(snap.as_ref(), &spec.token, dead)? == ReleaseDecision::AlreadyReleased
-            {
-                return Ok(());
-            }
+        let snap = self.snapshot(&spec.job, spec.slot_ms).await?;
+        if decide_release(snap.as_ref(), &spec.token, dead)? == ReleaseDecision::AlreadyReleased {
+            return Ok(());
         }
         let mut tx = self.pool.begin().await?;
-        let now = self
-            .lock_existing_job(&mut tx, &spec.job)
-            .await?
-            .ok_or_else(|| Error::NotFound("no such run".into()))?;
-        let mut runs = self.runs(&mut tx, 0);
-        let run = runs.run(&spec.job, spec.slot_ms).await?;
+        let (now, run) = self.locked_run(&mut tx, &spec.job, spec.slot_ms).await?;
         if decide_release(run.as_ref(), &spec.token, dead)? == ReleaseDecision::Write {
             sqlx::query(&self.sql.release)
                 .bind(spec.job.as_str())
