@@ -28,20 +28,21 @@
 
 use std::future::Future;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgRow};
 use sqlx::{Connection, Executor, PgConnection, Row};
 
+use self::pool::Pool;
 use super::sql::{self, run_from_row, RunAccess, RUN_COLUMNS};
 use super::{Backend, Store, StoreInfo, StoreOptions};
 use crate::claim::*;
 use crate::error::{Error, Result};
+
+mod pool;
 
 /// The table prefix when the URL names none.
 pub const DEFAULT_TABLE: &str = "anarchon";
@@ -61,12 +62,12 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (
         1,
         "runs",
-        include_str!("../../migrations/postgres/0001_runs.sql"),
+        include_str!("../../../migrations/postgres/0001_runs.sql"),
     ),
     (
         2,
         "claim_function",
-        include_str!("../../migrations/postgres/0002_claim_function.sql"),
+        include_str!("../../../migrations/postgres/0002_claim_function.sql"),
     ),
 ];
 
@@ -259,37 +260,6 @@ where
         .map_err(Fail::into_error)
 }
 
-/// When this store last saw the database become unavailable. A pooled
-/// connection that has been idle since then may have been cut (server
-/// restart, terminated backend), so it is pinged once before its next use
-/// and replaced if dead; connections in steady use are not pinged, which
-/// would cost a round trip per request.
-struct Outages {
-    epoch: Instant,
-    /// Milliseconds after `epoch` of the last outage; 0 = none yet.
-    last_ms: AtomicU64,
-}
-
-impl Outages {
-    fn new() -> Outages {
-        Outages {
-            epoch: Instant::now(),
-            last_ms: AtomicU64::new(0),
-        }
-    }
-
-    fn mark(&self) {
-        let ms = self.epoch.elapsed().as_millis() as u64;
-        self.last_ms.fetch_max(ms.max(1), Ordering::Relaxed);
-    }
-
-    /// Whether a connection idle for `idle_for` went idle before the last outage.
-    fn suspect(&self, idle_for: Duration) -> bool {
-        let last = self.last_ms.load(Ordering::Relaxed);
-        last != 0 && self.epoch.elapsed().saturating_sub(idle_for).as_millis() as u64 <= last
-    }
-}
-
 /// The statements, spelled once for the configured prefix.
 struct Statements {
     /// The whole claim, one call of `<prefix>_claim` (see
@@ -385,10 +355,9 @@ impl Statements {
 }
 
 pub struct PostgresStore {
-    pool: PgPool,
+    pool: Pool,
     claim: PgClaim,
     sql: Statements,
-    outages: Arc<Outages>,
     info: StoreInfo,
 }
 
@@ -400,34 +369,16 @@ impl PostgresStore {
         check_table(table)?;
         let connect = PgConnectOptions::from_str(&target.url)
             .map_err(|e| Error::invalid("backend", format!("postgres URL: {e}")))?;
-        // No ping before every acquire (one more round trip per request):
-        // only connections idle since the last outage are checked.
-        let outages = Arc::new(Outages::new());
-        let check = outages.clone();
-        let pool = PgPoolOptions::new()
-            .max_connections(target.max_connections)
-            .min_connections(0)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .test_before_acquire(false)
-            .before_acquire(move |conn, meta| {
-                let suspect = check.suspect(meta.idle_for);
-                Box::pin(async move {
-                    if suspect {
-                        // An error closes this connection; the pool takes another.
-                        conn.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_with(connect)
-            .await
-            .map_err(|e| Fail::from(e).into_error())?;
-        migrate(&pool, table).await?;
+        let pool = Pool::new(connect, target.max_connections, ACQUIRE_TIMEOUT);
+        {
+            // Reachable at start, or the sidecar does not start.
+            let mut conn = pool.acquire().await.map_err(Fail::into_error)?;
+            migrate(&mut conn, table).await?;
+        }
         Ok(PostgresStore {
             pool,
             claim: target.claim,
             sql: Statements::new(table),
-            outages,
             info: StoreInfo {
                 backend: "postgres",
                 leases: true,
@@ -450,8 +401,8 @@ fn migration_lock_key(table: &str) -> i64 {
 /// in one transaction that holds an advisory lock for the prefix: sidecars
 /// starting at once against an empty database queue here, and the first one
 /// creates the tables while the others then find them done.
-async fn migrate(pool: &PgPool, table: &str) -> Result<()> {
-    migrate_once(pool, table)
+async fn migrate(conn: &mut PgConnection, table: &str) -> Result<()> {
+    migrate_once(conn, table)
         .await
         .map_err(|f| match f.into_error() {
             Error::Store(m) => Error::Store(format!("postgres migrations failed: {m}")),
@@ -459,7 +410,7 @@ async fn migrate(pool: &PgPool, table: &str) -> Result<()> {
         })
 }
 
-async fn migrate_once(pool: &PgPool, table: &str) -> Attempt<()> {
+async fn migrate_once(conn: &mut PgConnection, table: &str) -> Attempt<()> {
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {table}_migrations (
            version    INTEGER     PRIMARY KEY,
@@ -468,7 +419,7 @@ async fn migrate_once(pool: &PgPool, table: &str) -> Attempt<()> {
     );
     let select = format!("SELECT version FROM {table}_migrations");
     let record = format!("INSERT INTO {table}_migrations (version, name) VALUES ($1, $2)");
-    let mut tx = pool.begin().await?;
+    let mut tx = conn.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(migration_lock_key(table))
         .execute(&mut *tx)
@@ -570,7 +521,7 @@ impl PostgresStore {
         let out = retry_conflicts(op).await;
         if let Err(Error::Unavailable(e)) = &out {
             tracing::warn!(error = %e, "postgres unavailable");
-            self.outages.mark();
+            self.pool.mark_outage();
         }
         out
     }
@@ -616,6 +567,7 @@ impl PostgresStore {
             .unzip();
         let (current_nodes, current_instances): (Vec<&str>, Vec<i64>) =
             dead.current().map(|(n, &i)| (n.as_str(), i as i64)).unzip();
+        let mut conn = self.pool.acquire().await?;
         let row = sqlx::query(&self.sql.claim_fn)
             .bind(spec.job.as_str())
             .bind(spec.slot_ms)
@@ -630,7 +582,7 @@ impl PostgresStore {
             .bind(dead_instances)
             .bind(current_nodes)
             .bind(current_instances)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *conn)
             .await?;
         let now: i64 = row.try_get("now_ms")?;
         let decision: String = row.try_get("decision")?;
@@ -674,7 +626,8 @@ impl PostgresStore {
             }
         }
         // Lock the job, decide again, write.
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
         let row = sqlx::query(&self.sql.lock_job)
             .bind(spec.job.as_str())
             .fetch_one(&mut *tx)
@@ -720,7 +673,8 @@ impl PostgresStore {
         // Refuse without a lock when a plain read already says so.
         let snap = self.snapshot(&spec.job, spec.slot_ms).await?;
         decide_renew(snap.as_ref(), &spec.token, dead)?;
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
         let (now, run) = self.locked_run(&mut tx, &spec.job, spec.slot_ms).await?;
         let r = decide_renew(run.as_ref(), &spec.token, dead)?;
         let lease_until = now.saturating_add(spec.lease_ms);
@@ -745,7 +699,8 @@ impl PostgresStore {
         if decide_release(snap.as_ref(), &spec.token, dead)? == ReleaseDecision::AlreadyReleased {
             return Ok(());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
         let (now, run) = self.locked_run(&mut tx, &spec.job, spec.slot_ms).await?;
         if decide_release(run.as_ref(), &spec.token, dead)? == ReleaseDecision::Write {
             sqlx::query(&self.sql.release)
@@ -761,7 +716,8 @@ impl PostgresStore {
     }
 
     async fn end_lease_once(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Attempt<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
         let Some(now) = self.lock_existing_job(&mut tx, job).await? else {
             return Ok(false);
         };
@@ -807,11 +763,12 @@ impl Store for PostgresStore {
     ) -> Result<HistoryPage> {
         let rows = self
             .retrying(|| async {
+                let mut conn = self.pool.acquire().await?;
                 Ok(sqlx::query(&self.sql.history)
                     .bind(job.as_str())
                     .bind(before_slot_ms.unwrap_or(i64::MAX))
                     .bind(limit as i64)
-                    .fetch_all(&self.pool)
+                    .fetch_all(&mut *conn)
                     .await?)
             })
             .await?;
@@ -832,10 +789,11 @@ impl Store for PostgresStore {
     /// again on the newest row version after the wait.
     async fn end_leases_of(&self, holder: &Holder) -> Result<u64> {
         self.retrying(|| async {
+            let mut conn = self.pool.acquire().await?;
             Ok(sqlx::query(&self.sql.end_leases_of)
                 .bind(&holder.node)
                 .bind(holder.instance as i64)
-                .execute(&self.pool)
+                .execute(&mut *conn)
                 .await?
                 .rows_affected())
         })
@@ -845,10 +803,11 @@ impl Store for PostgresStore {
     /// Deletes one batch; rows a claim holds are skipped, not waited for.
     async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64> {
         self.retrying(|| async {
+            let mut conn = self.pool.acquire().await?;
             Ok(sqlx::query(&self.sql.prune)
                 .bind(cutoff_ms)
                 .bind(batch as i64)
-                .execute(&self.pool)
+                .execute(&mut *conn)
                 .await?
                 .rows_affected())
         })
@@ -857,7 +816,8 @@ impl Store for PostgresStore {
 
     async fn ping(&self) -> Result<()> {
         self.retrying(|| async {
-            sqlx::query("SELECT 1").execute(&self.pool).await?;
+            let mut conn = self.pool.acquire().await?;
+            sqlx::query("SELECT 1").execute(&mut *conn).await?;
             Ok(())
         })
         .await
@@ -990,6 +950,7 @@ mod tests {
 
     #[tokio::test]
     async fn conflicts_are_retried_a_bounded_number_of_times() {
+        use std::sync::atomic::Ordering;
         let tries = std::sync::atomic::AtomicUsize::new(0);
         let out = retry_conflicts(|| async {
             match tries.fetch_add(1, Ordering::SeqCst) {
@@ -1019,20 +980,6 @@ mod tests {
         .await;
         assert!(matches!(out, Err(Error::Unavailable(_))));
         assert_eq!(tries.load(Ordering::SeqCst), 1);
-    }
-
-    #[test]
-    fn outages_make_older_idle_connections_suspect() {
-        let o = Outages::new();
-        assert!(!o.suspect(Duration::from_secs(3600)), "no outage yet");
-        std::thread::sleep(Duration::from_millis(5));
-        o.mark();
-        assert!(
-            o.suspect(Duration::from_millis(10)),
-            "idle before the outage"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(!o.suspect(Duration::ZERO), "used after the outage");
     }
 
     #[test]
