@@ -144,6 +144,51 @@ async fn job_lock_scope() {
     pg::drop_tables(&prefix).await;
 }
 
+/// A claim cancelled while it waits for a job's lock (its client's deadline
+/// passed) must not hand that wait to the next request: with one
+/// connection, a claim on another job still completes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_claim_leaves_no_wait_behind() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let url = format!("{}&max_connections=1", pg::backend(&prefix));
+    let store = store::open(&url, &StoreOptions::default()).await.unwrap();
+    let admin = pg::admin().await;
+    let (a, b) = (job("cancel-a"), job("cancel-b"));
+    let slot = host_now_ms();
+
+    let mut tx = admin.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {prefix}_jobs AS j (job, fence) VALUES ($1, 0)
+         ON CONFLICT (job) DO UPDATE SET fence = j.fence"
+    ))
+    .bind(a.as_str())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let waiter = {
+        let store = store.clone();
+        let sp = spec(&a, slot, &holder("a", 1));
+        tokio::spawn(async move { store.claim(&sp, &DeadHolders::none()).await })
+    };
+    wait_until_blocked(&admin, &pg::application_name(&prefix)).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+
+    let other = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.claim(&spec(&b, slot, &holder("b", 1)), &DeadHolders::none()),
+    )
+    .await
+    .expect("a claim on job B must not wait for job A's lock")
+    .unwrap();
+    assert_eq!(other.outcome, Outcome::Won, "{other:?}");
+    tx.rollback().await.unwrap();
+    pg::drop_tables(&prefix).await;
+}
+
 /// Several stores opened at once against an empty prefix all succeed, the
 /// migrations are applied once, and every store works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

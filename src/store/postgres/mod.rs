@@ -177,6 +177,9 @@ fn check_table(table: &str) -> Result<()> {
     }
 }
 
+/// A statement with its parameters bound.
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// How one attempt failed: a conflict worth another try, or for good.
 #[derive(Debug)]
 enum Fail {
@@ -374,6 +377,7 @@ impl PostgresStore {
             // Reachable at start, or the sidecar does not start.
             let mut conn = pool.acquire().await.map_err(Fail::into_error)?;
             migrate(&mut conn, table).await?;
+            conn.done();
         }
         Ok(PostgresStore {
             pool,
@@ -526,6 +530,22 @@ impl PostgresStore {
         out
     }
 
+    /// One statement on a lent connection; the rows it changed.
+    async fn execute(&self, q: PgQuery<'_>) -> Attempt<u64> {
+        let mut conn = self.pool.acquire().await?;
+        let n = q.execute(&mut *conn).await?.rows_affected();
+        conn.done();
+        Ok(n)
+    }
+
+    /// One query on a lent connection; its rows.
+    async fn fetch_all(&self, q: PgQuery<'_>) -> Attempt<Vec<PgRow>> {
+        let mut conn = self.pool.acquire().await?;
+        let rows = q.fetch_all(&mut *conn).await?;
+        conn.done();
+        Ok(rows)
+    }
+
     fn runs<'a>(&'a self, conn: &'a mut PgConnection, fence: u64) -> PgRuns<'a> {
         PgRuns {
             conn,
@@ -584,6 +604,7 @@ impl PostgresStore {
             .bind(current_instances)
             .fetch_one(&mut *conn)
             .await?;
+        conn.done();
         let now: i64 = row.try_get("now_ms")?;
         let decision: String = row.try_get("decision")?;
         let d = match decision.as_str() {
@@ -619,9 +640,10 @@ impl PostgresStore {
             let mut conn = self.pool.acquire().await?;
             let (now, run) = self.peek(&mut conn, &spec.job, spec.slot_ms).await?;
             let mut runs = self.runs(&mut conn, 0);
-            if let Some(a) =
-                sql::answer_without_write(&mut runs, spec, dead, now, run.as_ref()).await?
-            {
+            let answer =
+                sql::answer_without_write(&mut runs, spec, dead, now, run.as_ref()).await?;
+            conn.done();
+            if let Some(a) = answer {
                 return Ok(a);
             }
         }
@@ -644,13 +666,16 @@ impl PostgresStore {
         } else {
             tx.rollback().await?;
         }
+        conn.done();
         Ok(out)
     }
 
     /// The run, read without a lock.
     async fn snapshot(&self, job: &Job, slot: SlotMs) -> Attempt<Option<RunRow>> {
         let mut conn = self.pool.acquire().await?;
-        Ok(self.peek(&mut conn, job, slot).await?.1)
+        let (_, run) = self.peek(&mut conn, job, slot).await?;
+        conn.done();
+        Ok(run)
     }
 
     /// For renew and release: takes the job's lock and returns the clock
@@ -691,6 +716,7 @@ impl PostgresStore {
             now_ms: now,
         };
         tx.commit().await?;
+        conn.done();
         Ok(out)
     }
 
@@ -712,6 +738,7 @@ impl PostgresStore {
                 .await?;
         }
         tx.commit().await?;
+        conn.done();
         Ok(())
     }
 
@@ -719,6 +746,8 @@ impl PostgresStore {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
         let Some(now) = self.lock_existing_job(&mut tx, job).await? else {
+            tx.rollback().await?;
+            conn.done();
             return Ok(false);
         };
         let n = sqlx::query(&self.sql.end_lease)
@@ -730,6 +759,7 @@ impl PostgresStore {
             .await?
             .rows_affected();
         tx.commit().await?;
+        conn.done();
         Ok(n > 0)
     }
 }
@@ -762,14 +792,13 @@ impl Store for PostgresStore {
         before_slot_ms: Option<i64>,
     ) -> Result<HistoryPage> {
         let rows = self
-            .retrying(|| async {
-                let mut conn = self.pool.acquire().await?;
-                Ok(sqlx::query(&self.sql.history)
-                    .bind(job.as_str())
-                    .bind(before_slot_ms.unwrap_or(i64::MAX))
-                    .bind(limit as i64)
-                    .fetch_all(&mut *conn)
-                    .await?)
+            .retrying(|| {
+                self.fetch_all(
+                    sqlx::query(&self.sql.history)
+                        .bind(job.as_str())
+                        .bind(before_slot_ms.unwrap_or(i64::MAX))
+                        .bind(limit as i64),
+                )
             })
             .await?;
         Ok(HistoryPage {
@@ -788,39 +817,32 @@ impl Store for PostgresStore {
     /// run (which holds the row `FOR UPDATE`), and the condition is checked
     /// again on the newest row version after the wait.
     async fn end_leases_of(&self, holder: &Holder) -> Result<u64> {
-        self.retrying(|| async {
-            let mut conn = self.pool.acquire().await?;
-            Ok(sqlx::query(&self.sql.end_leases_of)
-                .bind(&holder.node)
-                .bind(holder.instance as i64)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected())
+        self.retrying(|| {
+            self.execute(
+                sqlx::query(&self.sql.end_leases_of)
+                    .bind(&holder.node)
+                    .bind(holder.instance as i64),
+            )
         })
         .await
     }
 
     /// Deletes one batch; rows a claim holds are skipped, not waited for.
     async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64> {
-        self.retrying(|| async {
-            let mut conn = self.pool.acquire().await?;
-            Ok(sqlx::query(&self.sql.prune)
-                .bind(cutoff_ms)
-                .bind(batch as i64)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected())
+        self.retrying(|| {
+            self.execute(
+                sqlx::query(&self.sql.prune)
+                    .bind(cutoff_ms)
+                    .bind(batch as i64),
+            )
         })
         .await
     }
 
     async fn ping(&self) -> Result<()> {
-        self.retrying(|| async {
-            let mut conn = self.pool.acquire().await?;
-            sqlx::query("SELECT 1").execute(&mut *conn).await?;
-            Ok(())
-        })
-        .await
+        self.retrying(|| self.execute(sqlx::query("SELECT 1")))
+            .await
+            .map(drop)
     }
 }
 

@@ -3,17 +3,17 @@
 //! sqlx's `Pool` pings every connection it gets back (a `Sync` round trip to
 //! the server) before it lends it out again. A claim is one round trip, so
 //! that ping doubled the work of the server and of the kernel per claim. This
-//! pool lends and takes back connections without talking to the server, and
-//! checks a connection only when it may have been cut: when it was last lent
-//! out before the last outage the store saw (a lost connection, a server
-//! restart, a terminated backend). Such a connection is pinged once before
-//! its next use and replaced if dead, so after an outage only the requests
-//! that were already running fail.
+//! pool lends and takes back connections without talking to the server.
 //!
-//! A connection given back in the middle of a query or a transaction (a
-//! request cancelled at its deadline, an early return) stays usable: sqlx
-//! finishes the pending exchange, or rolls the transaction back, before the
-//! next statement.
+//! * A connection comes back only through [`Conn::done`], called when its
+//!   work finished cleanly. One dropped on any other path (an error, a
+//!   request cancelled at its deadline in the middle of a statement or a
+//!   transaction) is closed instead: the next request never inherits a
+//!   half-finished exchange or a wait for a lock it did not ask for.
+//! * A connection lent out before the last outage the store saw (a lost
+//!   connection, a server restart, a terminated backend) may have been cut:
+//!   it is pinged once before its next use and replaced if dead, so after an
+//!   outage only the requests that were already running fail.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,9 +40,11 @@ pub(super) struct Pool {
     outage_ms: AtomicU64,
 }
 
-/// A lent connection; given back when dropped.
+/// A lent connection: given back by [`Conn::done`], closed if dropped
+/// without it.
 pub(super) struct Conn<'a> {
     conn: Option<PgConnection>,
+    clean: bool,
     lent_at: Instant,
     pool: &'a Pool,
     _permit: SemaphorePermit<'a>,
@@ -87,9 +89,10 @@ impl Pool {
             let Some((mut conn, last_lent)) = next else {
                 break;
             };
-            if !self.suspect(last_lent) || conn.ping().await.is_ok() {
+            if !self.suspect(last_lent) || self.alive(&mut conn).await {
                 return Ok(Conn {
                     conn: Some(conn),
+                    clean: false,
                     lent_at,
                     pool: self,
                     _permit: permit,
@@ -106,15 +109,31 @@ impl Pool {
             })??;
         Ok(Conn {
             conn: Some(conn),
+            clean: false,
             lent_at,
             pool: self,
             _permit: permit,
         })
     }
 
+    /// Pings `conn`, within the timeout.
+    async fn alive(&self, conn: &mut PgConnection) -> bool {
+        matches!(
+            tokio::time::timeout(self.timeout, conn.ping()).await,
+            Ok(Ok(()))
+        )
+    }
+
     fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<(PgConnection, Instant)>> {
         // A panic while holding this lock cannot leave the list half-changed.
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Conn<'_> {
+    /// Gives the connection back: its work finished cleanly.
+    pub(super) fn done(mut self) {
+        self.clean = true;
     }
 }
 
@@ -136,7 +155,9 @@ impl DerefMut for Conn<'_> {
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            self.pool.lock_idle().push((conn, self.lent_at));
+            if self.clean {
+                self.pool.lock_idle().push((conn, self.lent_at));
+            }
         }
     }
 }
