@@ -191,3 +191,47 @@ pub async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+/// `anarchon check`: validates the configuration exactly as `serve` would
+/// (same flags, env and file) and checks that the store is reachable and
+/// migrated. Exits 0 when ready, 64 for a bad config, 1 when the store fails.
+pub fn check(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
+    let cfg = match Config::load(args.config.as_deref(), args.overrides()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("anarchon: {e}");
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    };
+    println!("config ok");
+    rt.block_on(async move {
+        let opts = crate::store::StoreOptions {
+            retention: cfg.retention(),
+            busy_timeout: std::time::Duration::from_millis(cfg.busy_timeout_ms),
+        };
+        let url = cfg.backend_url();
+        match crate::store::open(&url, &opts).await {
+            Ok(store) => match store.ping().await {
+                Ok(()) => {
+                    println!(
+                        "store ok: {} ({})",
+                        store.info().backend,
+                        server::redact(&url)
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("anarchon: store check failed: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Err(e) => {
+                eprintln!(
+                    "anarchon: cannot open backend {}: {e}",
+                    server::redact(&url)
+                );
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
