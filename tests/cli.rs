@@ -206,5 +206,6 @@ fn watch_streams_a_snapshot_then_changes() {
         (v["event"] == "EXPIRED").then_some(v)
     });
     let _ = w.kill();
+    let _ = w.wait();
     assert!(expired.is_some(), "no EXPIRED event streamed");
 }
