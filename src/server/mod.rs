@@ -12,6 +12,7 @@ pub mod auth;
 pub mod claims;
 pub mod mesh;
 pub mod metrics;
+pub mod runs;
 pub mod tls;
 pub mod validate;
 
@@ -108,6 +109,7 @@ pub async fn run(
     );
 
     let metrics = Arc::new(metrics::Metrics::default());
+    let runs = Arc::new(runs::RunFeed::default());
     metrics.store_up.set(1);
     let state = Arc::new(ClaimsState {
         store: store.clone(),
@@ -120,6 +122,7 @@ pub async fn run(
         poll: Duration::from_millis(cfg.heartbeat_ms),
         shutdown: drain_rx,
         holds: claims::HoldLimiter::new(cfg.max_holds_per_client),
+        runs: runs.clone(),
     });
 
     let (health, health_svc) = tonic_health::server::health_reporter();
