@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod auth;
 pub mod claims;
+pub mod dashboard;
 pub mod mesh;
 pub mod metrics;
 pub mod runs;
@@ -188,6 +189,11 @@ pub async fn run(
                 metrics: metrics.clone(),
                 mesh: mesh.clone(),
                 auth: admin_auth,
+                dashboard: Arc::new(dashboard::Dashboard::new(
+                    runs,
+                    Duration::from_millis(cfg.heartbeat_ms),
+                    Duration::from_millis(cfg.expiry_ms),
+                )),
             });
             let stop = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
