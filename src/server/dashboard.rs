@@ -309,3 +309,128 @@ async fn pump(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim::*;
+    use crate::mesh::{Identity, Mesh, MeshConfig};
+    use crate::server::auth::Auth;
+    use crate::store::{self, StoreOptions};
+
+    async fn state(dir: &std::path::Path) -> (AdminState, tokio::sync::watch::Sender<bool>) {
+        let id = Arc::new(Identity::load_or_create(dir).unwrap());
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let (changed, _) = tokio::sync::watch::channel(0u64);
+        let mesh = Mesh::start(
+            id,
+            MeshConfig {
+                heartbeat: Duration::from_millis(100),
+                expiry: Duration::from_millis(1000),
+                advertise: "127.0.0.1:1".into(),
+                labels: Default::default(),
+                secret: None,
+                data_dir: dir.to_owned(),
+                peers: vec![],
+                peer_dns: vec![],
+                max_runtimes: 16,
+                max_frame_bytes: 1 << 20,
+                watch_buffer: 16,
+                max_links_per_peer: 4,
+                tls: None,
+            },
+            stop,
+            changed,
+        );
+        let url = format!("sqlite://{}", dir.join("a.db").display());
+        let store = store::open(&url, &StoreOptions::default()).await.unwrap();
+        let runs = Arc::new(RunFeed::default());
+        let s = AdminState {
+            store,
+            metrics: Arc::new(Metrics::default()),
+            mesh,
+            auth: Auth::default(),
+            dashboard: Arc::new(Dashboard::new(
+                runs,
+                Duration::from_millis(100),
+                Duration::from_millis(1000),
+            )),
+        };
+        (s, stop_tx)
+    }
+
+    fn won(feed: &RunFeed, slot_ms: i64) {
+        let spec = ClaimSpec {
+            job: Job::parse("busy").unwrap(),
+            slot_ms,
+            token: Token::generate(),
+            holder: Holder {
+                node: "n".into(),
+                instance: 1,
+            },
+            lease_ms: 1000,
+            max_late_ms: 1000,
+            overlap: Overlap::Allow,
+            max_attempts: 3,
+        };
+        let a = ClaimAnswer {
+            attempt: 1,
+            fencing: 1,
+            ..ClaimAnswer::bare(Outcome::Won, 1, None)
+        };
+        feed.won("claim", &spec, &a);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_is_dropped_and_never_holds_anyone_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _stop) = state(dir.path()).await;
+        // Open a stream and never read its body.
+        let resp = events(State(s.clone()), HeaderMap::new()).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(s.dashboard.streams.available_permits(), MAX_STREAMS - 1);
+        // Claims keep flowing without waiting for it...
+        let started = Instant::now();
+        for slot in 0..(CLIENT_BUFFER as i64 * 2) {
+            won(&s.dashboard.runs, slot);
+            tokio::task::yield_now().await;
+        }
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // ...and once its buffer is full it is dropped, freeing its slot.
+        let end = Instant::now() + Duration::from_secs(5);
+        while s.dashboard.streams.available_permits() < MAX_STREAMS {
+            assert!(Instant::now() < end, "the slow client was never dropped");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(resp);
+    }
+
+    #[tokio::test]
+    async fn streams_are_bounded_and_need_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _stop) = state(dir.path()).await;
+        s.auth = Auth::new(Some("t0ken".into()));
+        let mut headers = HeaderMap::new();
+        let resp = events(State(s.clone()), headers.clone()).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer t0ken"),
+        );
+        let mut open = Vec::new();
+        for _ in 0..MAX_STREAMS {
+            let resp = events(State(s.clone()), headers.clone()).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            open.push(resp);
+        }
+        let resp = events(State(s.clone()), headers.clone()).await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // A client that goes away frees its slot.
+        open.pop();
+        let end = Instant::now() + Duration::from_secs(5);
+        while s.dashboard.streams.available_permits() == 0 {
+            assert!(Instant::now() < end, "a closed stream kept its slot");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
