@@ -162,6 +162,7 @@ impl ClaimsState {
             .observe(started.elapsed().as_secs_f64());
     }
 
+    /// Counts an answer; a win also goes to the dashboard's run feed.
     fn count(&self, op: &'static str, spec: &ClaimSpec, a: &ClaimAnswer) {
         if a.outcome == Outcome::Won {
             self.runs.won(op, spec, a);
