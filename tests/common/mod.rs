@@ -4,6 +4,7 @@
 
 pub mod contest;
 pub mod process;
+pub mod redis;
 pub mod services;
 pub mod suite;
 
