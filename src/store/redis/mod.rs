@@ -67,12 +67,14 @@ impl Strategy {
             "stream-id" => Strategy::StreamId,
             "idmp" => Strategy::Idmp,
             "script" => Strategy::Script,
-            other => return Err(Error::invalid(
-                "backend",
-                format!(
+            other => {
+                return Err(Error::invalid(
+                    "backend",
+                    format!(
                     "unknown redis strategy {other:?}; expected lease, stream-id, idmp or script"
                 ),
-            )),
+                ))
+            }
         })
     }
 
