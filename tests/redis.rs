@@ -684,3 +684,175 @@ async fn lease_keys_carry_the_job_hash_tag_and_history_is_capped() {
     assert_eq!(members, 300, "the holder index lists every run it holds");
     assert_eq!(s.end_leases_of(&holder("a", 1)).await.unwrap(), 300);
 }
+
+// ------------------------------------- the Lua table agrees with decide()
+
+/// A run record in `lease.lua`'s format.
+fn record(r: &RunRow) -> String {
+    format!(
+        "{} {} {} {} {} {} {} {} {}",
+        r.state.as_str(),
+        r.attempt,
+        r.fencing,
+        r.lease_until_ms,
+        r.claimed_at_ms,
+        r.finished_at_ms,
+        r.token.as_str(),
+        r.holder.instance,
+        r.holder.node
+    )
+}
+
+/// Random runs, specs and dead sets, written straight into Redis; the
+/// lease script must answer what the Rust decision table answers. Times
+/// are whole seconds away from `now`, so the few milliseconds between the
+/// script's `TIME` and the host clock cannot change a decision.
+#[tokio::test]
+async fn lease_script_agrees_with_the_decision_table() {
+    use rand::seq::SliceRandom;
+    use rand::Rng;
+    if !r::have_redis() {
+        return;
+    }
+    let prefix = r::prefix();
+    let s = open(&format!(
+        "redis://{}/0?strategy=lease&prefix={prefix}",
+        r::REDIS
+    ))
+    .await
+    .unwrap();
+    let mut c = admin(r::REDIS).await;
+    let mut rng = rand::thread_rng();
+    let mine = Token::generate();
+    let holders = [
+        holder("x", 1),
+        holder("x", 2),
+        holder("y", 1),
+        holder("me", 1),
+    ];
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for case in 0..400 {
+        let j = job("table");
+        let now = host_now_ms();
+        let slot = *[0, now - 5_000, now - 120_000, now + 30_000]
+            .choose(&mut rng)
+            .unwrap();
+        let row = |slot: i64, rng: &mut rand::rngs::ThreadRng| RunRow {
+            slot_ms: slot,
+            state: *[
+                RunState::Running,
+                RunState::Running,
+                RunState::Succeeded,
+                RunState::Failed,
+                RunState::Interrupted,
+            ]
+            .choose(rng)
+            .unwrap(),
+            attempt: rng.gen_range(1..4),
+            fencing: 10,
+            token: if rng.gen_bool(0.4) {
+                mine.clone()
+            } else {
+                Token::generate()
+            },
+            holder: holders.choose(rng).unwrap().clone(),
+            lease_until_ms: now + *[-20_000, 20_000].choose(rng).unwrap(),
+            claimed_at_ms: now - 30_000,
+            finished_at_ms: 0,
+        };
+        let run = rng.gen_bool(0.7).then(|| row(slot, &mut rng));
+        let others: Vec<RunRow> = (0..rng.gen_range(0..3))
+            .map(|i| row(now - 1_000_000 - i, &mut rng))
+            .collect();
+        let spec = ClaimSpec {
+            job: j.clone(),
+            slot_ms: slot,
+            token: mine.clone(),
+            holder: holders.choose(&mut rng).unwrap().clone(),
+            lease_ms: 10_000,
+            max_late_ms: 60_000,
+            overlap: if rng.gen_bool(0.5) {
+                Overlap::Skip
+            } else {
+                Overlap::Allow
+            },
+            max_attempts: rng.gen_range(1..4),
+        };
+        let mut dead = none();
+        if rng.gen_bool(0.3) {
+            dead.mark_dead(holder("x", 1));
+        }
+        if rng.gen_bool(0.3) {
+            dead.set_current("y", 2);
+        }
+        // Store the runs as the script keeps them.
+        let keys = |s: &str| format!("{prefix}:{{{j}}}:{s}");
+        let _: () = redis::cmd("SET")
+            .arg(keys("fence"))
+            .arg(10)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        for r in run.iter().chain(others.iter()) {
+            let _: () = redis::pipe()
+                .hset(keys("runs"), r.slot_ms, record(r))
+                .zadd(keys("slots"), r.slot_ms, r.slot_ms)
+                .sadd(keys("running"), r.slot_ms)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+        let got = s.claim(&spec, &dead).await.unwrap();
+        let now2 = host_now_ms();
+        let d = decide(now2, &spec, &dead, run.as_ref(), &others);
+        let written = d.next_row(&spec, run.as_ref(), now2, 11);
+        let want = d.answer(&spec, run.as_ref(), written.as_ref(), now2);
+        let ctx = format!("case {case}: {d:?}\nrun {run:?}\nothers {others:?}\nspec {spec:?}\ndead {dead:?}\ngot {got:?}\nwant {want:?}");
+        assert_eq!(got.outcome, want.outcome, "{ctx}");
+        assert_eq!(got.attempt, want.attempt, "{ctx}");
+        assert_eq!(got.fencing, want.fencing, "{ctx}");
+        assert_eq!(got.reason, want.reason, "{ctx}");
+        assert_eq!(got.token, want.token, "{ctx}");
+        if want.outcome != Outcome::Overlap {
+            assert_eq!(got.holder, want.holder, "{ctx}");
+        }
+        if want.outcome == Outcome::Won {
+            assert!(
+                (got.lease_until_ms - want.lease_until_ms).abs() < 1_000,
+                "{ctx}"
+            );
+        }
+        // What was written agrees too.
+        let after = s.history(&j, 10, None).await.unwrap();
+        let stored = after.runs.iter().find(|r| r.slot_ms == slot);
+        match (&written, stored) {
+            (Some(w), Some(st)) => {
+                assert_eq!(
+                    (st.state, st.attempt, st.fencing),
+                    (w.state, w.attempt, w.fencing),
+                    "{ctx}"
+                );
+                assert_eq!((&st.token, &st.holder), (&w.token, &w.holder), "{ctx}");
+            }
+            (None, st) => assert_eq!(st, run.as_ref(), "nothing written: {ctx}"),
+            (Some(_), None) => panic!("nothing stored: {ctx}"),
+        }
+        *seen
+            .entry(format!("{d:?}").split('(').next().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    eprintln!("decisions covered: {seen:?}");
+    for d in [
+        "Late",
+        "Overlap",
+        "Insert",
+        "Resend",
+        "Running",
+        "Takeover",
+        "Exhausted",
+        "Done",
+        "Relock",
+    ] {
+        assert!(seen.contains_key(d), "no case reached {d}: {seen:?}");
+    }
+}

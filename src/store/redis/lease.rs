@@ -291,7 +291,11 @@ impl Store for LeaseStore {
             other => return Err(Error::Store(format!("redis: unknown claim code {other}"))),
         };
         if outcome == Outcome::Won && !single {
-            self.after_win(spec, created).await?;
+            // The run is ours whatever happens to the helper indexes: a
+            // missed update only costs the graceful end of this lease.
+            if let Err(e) = self.after_win(spec, created).await {
+                tracing::warn!(error = %e, job = %spec.job, "could not index a won run");
+            }
         }
         Ok(ClaimAnswer {
             outcome,
