@@ -24,8 +24,10 @@
 
 local op = ARGV[1]
 
+-- Integers to strings (all values are whole numbers below 2^53; '%d' is
+-- exact for them and cheaper than a float format).
 local function num(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
 local function decode(v)

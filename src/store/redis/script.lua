@@ -45,5 +45,5 @@ end
 local id = redis.call('XADD', KEYS[1], 'MINID', '~', since, '*',
   'slot', slot_s, 'token', token, 'node', node, 'instance', inst,
   'at', string.format('%.0f', now))
-redis.call('PEXPIRE', KEYS[1], window)
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return { 'added', id, token, node, inst, now }
