@@ -95,14 +95,14 @@ async fn stream_id_contest_three_processes() {
     let report = Contest {
         backend: r::url("stream-id"),
         spread: 1,
-        slots: 1000,
+        slots: 500,
         extra_flags: patient(),
         ..Contest::default()
     }
     .run()
     .await;
-    assert_eq!(report.outcomes.get("WON").copied(), Some(1000));
-    assert_eq!(report.claims, 48 * 1000);
+    assert_eq!(report.outcomes.get("WON").copied(), Some(500));
+    assert_eq!(report.claims, 48 * 500);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -265,6 +265,29 @@ async fn cluster_contest_spreads_jobs_over_every_master() {
 }
 
 // ------------------------------------------------------------ idmp refusal
+
+/// Every script compiles (`SCRIPT LOAD`), including `idmp.lua`, whose
+/// happy path needs a Redis >= 8.6 to run.
+#[tokio::test]
+async fn every_lua_script_compiles() {
+    if !r::have_redis() {
+        return;
+    }
+    let mut c = admin(r::REDIS).await;
+    for (name, src) in [
+        ("lease.lua", include_str!("../src/store/redis/lease.lua")),
+        ("script.lua", include_str!("../src/store/redis/script.lua")),
+        ("idmp.lua", include_str!("../src/store/redis/idmp.lua")),
+        ("once.lua", include_str!("../src/store/redis/once.lua")),
+    ] {
+        let sha: Result<String, _> = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(src)
+            .query_async(&mut c)
+            .await;
+        assert!(sha.is_ok(), "{name}: {sha:?}");
+    }
+}
 
 #[tokio::test]
 async fn idmp_refuses_redis_without_idmp_and_names_script() {
