@@ -39,13 +39,30 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         }
         None => None,
     };
+    let scheme = if opts.tls_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let uri = if opts.server.contains("://") {
         opts.server.clone()
     } else {
-        format!("http://{}", opts.server)
+        format!("{scheme}://{}", opts.server)
     };
-    let channel = Channel::from_shared(uri)?
-        .connect_timeout(Duration::from_secs(5))
+    let mut endpoint = Channel::from_shared(uri)?.connect_timeout(Duration::from_secs(5));
+    if let Some(ca) = &opts.tls_ca {
+        crate::server::tls::install_crypto_provider();
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(ca)?));
+        if let (Some(c), Some(k)) = (&opts.tls_client_cert, &opts.tls_client_key) {
+            tls = tls.identity(tonic::transport::Identity::from_pem(
+                std::fs::read(c)?,
+                std::fs::read(k)?,
+            ));
+        }
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the sidecar at {}: {e}", opts.server))?;
@@ -431,13 +448,17 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
                     "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} ADDRESS",
                     "NODE", "INSTANCE", "RESTARTS", "STATE", "LINK", "BEAT"
                 );
-                for p in all {
+                for (i, p) in all.into_iter().enumerate() {
                     let state = pb::PeerState::try_from(p.state)
                         .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
                         .unwrap_or("?");
-                    let link = pb::Link::try_from(p.link)
-                        .map(|s| s.as_str_name().trim_start_matches("LINK_"))
-                        .unwrap_or("?");
+                    let link = if i == 0 {
+                        "SELF"
+                    } else {
+                        pb::Link::try_from(p.link)
+                            .map(|s| s.as_str_name().trim_start_matches("LINK_"))
+                            .unwrap_or("?")
+                    };
                     println!(
                         "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}",
                         p.node,

@@ -62,7 +62,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IdentityError + '_ {
 }
 
 /// Writes `contents` to `path` atomically: temp file, fsync, rename, fsync dir.
-fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), IdentityError> {
+pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), IdentityError> {
     let tmp = path.with_extension("tmp");
     {
         let mut opts = OpenOptions::new();

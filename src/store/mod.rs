@@ -98,6 +98,14 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The backend's name as shown in answers and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite { .. } => "sqlite",
+            Backend::Redis(c) => c.backend_name(),
+        }
+    }
+
     /// Parses and checks a backend URL without connecting.
     pub fn parse(url: &str) -> Result<Backend> {
         let bad = |m: String| Error::invalid("backend", m);

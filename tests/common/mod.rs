@@ -3,7 +3,10 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod contest;
+pub mod inproc;
+pub mod liveness;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod services;
 pub mod suite;

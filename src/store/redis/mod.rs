@@ -257,7 +257,7 @@ impl RedisConfig {
     }
 
     /// The `StoreInfo::backend` name.
-    fn backend_name(&self) -> &'static str {
+    pub fn backend_name(&self) -> &'static str {
         match (self.cluster, self.strategy) {
             (false, Strategy::Lease) => "redis-lease",
             (false, Strategy::StreamId) => "redis-stream-id",
