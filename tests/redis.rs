@@ -435,6 +435,7 @@ async fn noscript_reloads_the_script_on_every_cluster_master() {
             .unwrap();
         assert_eq!(a.outcome, Outcome::Won, "{name}: {a:?}");
     }
+    s.ping().await.unwrap();
 }
 
 // --------------------------------------- private servers: kills and outages
@@ -548,6 +549,48 @@ async fn resend_after_a_dropped_connection_finds_our_claim() {
         let b = s.claim(&other, &none()).await.unwrap();
         assert_ne!(b.outcome, Outcome::Won, "{strategy}");
     }
+}
+
+/// The same through a real `anarchon serve`: its Redis connection is
+/// killed, the application resends `Claim` with its token and is told it
+/// holds the run (same attempt, same fencing); an error in between is
+/// `UNAVAILABLE`, never a wrong outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_resend_after_its_redis_connection_dropped() {
+    let Some(server) = PrivateRedis::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("lease");
+    let sc = Sidecar::start(dir.path(), &["--backend", &url]);
+    let mut cl = pb::claims_client::ClaimsClient::connect(sc.url())
+        .await
+        .unwrap();
+    let req = pb::ClaimRequest {
+        job: job("sidecar-drop").to_string(),
+        slot_ms: host_now_ms(),
+        token: Token::generate().as_str().to_owned(),
+        ..Default::default()
+    };
+    let first = cl.claim(req.clone()).await.unwrap().into_inner();
+    assert_eq!(first.outcome, pb::Outcome::Won as i32);
+    assert!(server.kill_clients().await >= 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match cl.claim(req.clone()).await {
+            Ok(r) => break r.into_inner(),
+            Err(st) if st.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(st) => panic!("resend failed: {st:?}"),
+        }
+    };
+    assert_eq!(again.outcome, pb::Outcome::Won as i32, "{again:?}");
+    assert_eq!(
+        (again.attempt, again.fencing),
+        (first.attempt, first.fencing)
+    );
+    assert_eq!(again.token, req.token);
 }
 
 #[tokio::test]
