@@ -63,6 +63,14 @@ async fn sqlite() -> Option<DynStore> {
 
 conformance!(sqlite, sqlite());
 
+conformance!(redis_lease, common::redis::single("lease"));
+conformance!(redis_stream_id, common::redis::single("stream-id"));
+conformance!(redis_script, common::redis::single("script"));
+conformance!(redis_idmp, common::redis::idmp());
+conformance!(redis_cluster_lease, common::redis::cluster("lease"));
+conformance!(redis_cluster_stream_id, common::redis::cluster("stream-id"));
+conformance!(redis_cluster_script, common::redis::cluster("script"));
+
 #[allow(unused)]
 fn _services_used() -> bool {
     services::in_ci()

@@ -249,6 +249,16 @@ pub fn redact(url: &str) -> String {
             let _ = u.set_password(Some("***"));
             u.to_string()
         }
-        _ => url.to_owned(),
+        Ok(_) => url.to_owned(),
+        // Not a plain URL (e.g. `redis+cluster://u:pw@a:1,b:2`): blank
+        // whatever sits between `user:` and the last `@`.
+        Err(_) => match (url.find("://"), url.rfind('@')) {
+            (Some(s), Some(at)) if at > s => {
+                let userinfo = &url[s + 3..at];
+                let user = userinfo.split(':').next().unwrap_or_default();
+                format!("{}{user}:***{}", &url[..s + 3], &url[at..])
+            }
+            _ => url.to_owned(),
+        },
     }
 }

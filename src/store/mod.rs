@@ -14,8 +14,10 @@ use async_trait::async_trait;
 use crate::claim::*;
 use crate::error::{Error, Result};
 
+mod redis;
 mod sqlite;
 
+pub use redis::{RedisConfig, Strategy as RedisStrategy};
 pub use sqlite::SqliteStore;
 
 /// What a backend can do, and how long it remembers a run.
@@ -92,6 +94,7 @@ pub type DynStore = Arc<dyn Store>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
     Sqlite { path: String },
+    Redis(RedisConfig),
 }
 
 impl Backend {
@@ -99,6 +102,7 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Sqlite { .. } => "sqlite",
+            Backend::Redis(c) => c.backend_name(),
         }
     }
 
@@ -116,8 +120,9 @@ impl Backend {
                 }
                 Ok(Backend::Sqlite { path: path.to_owned() })
             }
+            "redis" | "redis+cluster" => Ok(Backend::Redis(RedisConfig::parse(url)?)),
             other => Err(bad(format!(
-                "unknown scheme {other:?}; expected sqlite:// (postgres://, redis://, amqp:// and nats:// are not in this build yet)"
+                "unknown scheme {other:?}; expected sqlite://, redis:// or redis+cluster:// (postgres://, amqp:// and nats:// are not in this build yet)"
             ))),
         }
     }
@@ -127,6 +132,7 @@ impl Backend {
 pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
     match Backend::parse(url)? {
         Backend::Sqlite { path } => Ok(Arc::new(SqliteStore::open(&path, opts).await?)),
+        Backend::Redis(cfg) => redis::open(&cfg, opts).await,
     }
 }
 

@@ -7,6 +7,7 @@ pub mod inproc;
 pub mod liveness;
 pub mod process;
 pub mod proxy;
+pub mod redis;
 pub mod services;
 pub mod suite;
 
