@@ -18,9 +18,14 @@ use crate::server::validate::{self, ClaimDefaults};
 /// decode to an error or to a request that validation either accepts (with
 /// every field within bounds) or refuses naming a field.
 pub fn requests(data: &[u8]) {
-    let Some((&kind, body)) = data.split_first() else { return };
+    let Some((&kind, body)) = data.split_first() else {
+        return;
+    };
     let d = ClaimDefaults::default();
-    let h = Holder { node: "n".into(), instance: 1 };
+    let h = Holder {
+        node: "n".into(),
+        instance: 1,
+    };
     match kind % 5 {
         0 => {
             if let Ok(r) = pb::ClaimRequest::decode(body) {
@@ -47,14 +52,17 @@ pub fn requests(data: &[u8]) {
         3 => {
             if let Ok(r) = pb::HistoryRequest::decode(body) {
                 if let Ok((_, limit, _)) = validate::history(&r) {
-                    assert!(limit >= 1 && limit <= validate::MAX_HISTORY);
+                    assert!((1..=validate::MAX_HISTORY).contains(&limit));
                 }
             }
         }
         _ => {
             let s = String::from_utf8_lossy(body);
             if let Ok(j) = Job::parse(&s) {
-                assert!(j.as_str().bytes().all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b)));
+                assert!(j
+                    .as_str()
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b)));
             }
             let _ = Token::parse(&s);
         }
@@ -70,10 +78,15 @@ pub fn sync_frames(data: &[u8]) {
     if data.first().is_some_and(|b| b & 1 == 1) {
         return scripted(&data[1..]);
     }
-    let Ok(frame) = pb::SyncFrame::decode(data) else { return };
+    let Ok(frame) = pb::SyncFrame::decode(data) else {
+        return;
+    };
     let base = Instant::now() + Duration::from_secs(86_400);
     let mut table = PeerTable::new(
-        TableConfig { expiry: Duration::from_millis(1500), max_runtimes: 8 },
+        TableConfig {
+            expiry: Duration::from_millis(1500),
+            max_runtimes: 8,
+        },
         &"0".repeat(32),
         1,
     );
@@ -85,7 +98,11 @@ pub fn sync_frames(data: &[u8]) {
         Some(pb::sync_frame::Frame::Marks(m)) => {
             for (i, mark) in m.marks.iter().enumerate() {
                 let now = base + Duration::from_millis((mark.beat % 10_000) + i as u64);
-                let from = if i % 2 == 0 { Some(mark.node.as_str()) } else { None };
+                let from = if i % 2 == 0 {
+                    Some(mark.node.as_str())
+                } else {
+                    None
+                };
                 let _ = table.ingest(mark, from, now);
                 let _ = table.tick(now);
                 let _ = table.frame_marks(now);
@@ -103,7 +120,10 @@ fn scripted(data: &[u8]) {
     let base = Instant::now() + Duration::from_secs(86_400);
     let me = Identity::from_seed([9; 32], 1);
     let mut table = PeerTable::new(
-        TableConfig { expiry: Duration::from_millis(1500), max_runtimes: 3 },
+        TableConfig {
+            expiry: Duration::from_millis(1500),
+            max_runtimes: 3,
+        },
         &me.node,
         1,
     );
@@ -122,7 +142,15 @@ fn scripted(data: &[u8]) {
         now += Duration::from_millis(u64::from(step[7]) * 20);
         let mut m = sign_mark(&id, beat, left, "127.0.0.1:1", &Default::default());
         m.age_ms = age;
-        let res = table.ingest(&m, if step[6] & 2 == 2 { Some(m.node.as_str()) } else { None }, now);
+        let res = table.ingest(
+            &m,
+            if step[6] & 2 == 2 {
+                Some(m.node.as_str())
+            } else {
+                None
+            },
+            now,
+        );
         if res.is_ok() {
             // Accepted marks are always newer than anything accepted before.
             let key = (m.instance, m.beat);
@@ -134,12 +162,23 @@ fn scripted(data: &[u8]) {
         let _ = table.tick(now);
         let dead = table.dead_holders(now);
         for p in table.peers(now) {
-            let alive = p.state == pb::PeerState::Alive as i32 || p.state == pb::PeerState::Unreachable as i32;
-            let h = crate::claim::Holder { node: p.node.clone(), instance: p.instance };
-            assert_eq!(alive, !dead.is_dead(&h), "liveness and dead holders disagree");
-            assert!(p.beat_age_ms <= 1500 || p.state == pb::PeerState::Expired as i32 || p.state == pb::PeerState::Left as i32);
+            let alive = p.state == pb::PeerState::Alive as i32
+                || p.state == pb::PeerState::Unreachable as i32;
+            let h = crate::claim::Holder {
+                node: p.node.clone(),
+                instance: p.instance,
+            };
+            assert_eq!(
+                alive,
+                !dead.is_dead(&h),
+                "liveness and dead holders disagree"
+            );
+            assert!(
+                p.beat_age_ms <= 1500
+                    || p.state == pb::PeerState::Expired as i32
+                    || p.state == pb::PeerState::Left as i32
+            );
         }
         assert!(table.peers(now).len() <= 3);
     }
 }
-

@@ -31,7 +31,17 @@ fn mutate(rng: &mut impl Rng, mut v: Vec<u8>) -> Vec<u8> {
 #[test]
 fn requests_never_panic() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xA11C);
-    let valid = pb::ClaimRequest { job: "nightly-report".into(), slot_ms: 5, token: "a".repeat(32), lease_ms: 100, max_late_ms: 1, overlap: 2, max_attempts: 3, wait_ms: 4 }.encode_to_vec();
+    let valid = pb::ClaimRequest {
+        job: "nightly-report".into(),
+        slot_ms: 5,
+        token: "a".repeat(32),
+        lease_ms: 100,
+        max_late_ms: 1,
+        overlap: 2,
+        max_attempts: 3,
+        wait_ms: 4,
+    }
+    .encode_to_vec();
     for i in 0..20_000u32 {
         let mut data = vec![(i % 5) as u8];
         if i % 2 == 0 {
@@ -48,13 +58,23 @@ fn sync_frames_never_panic() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5EED);
     let id = anarchon::mesh::Identity::from_seed([3; 32], 1);
     let mark = anarchon::mesh::marks::sign_mark(&id, 7, false, "127.0.0.1:1", &Default::default());
-    let frame = pb::SyncFrame { frame: Some(pb::sync_frame::Frame::Marks(pb::Marks { marks: vec![mark.clone(), mark] })) }.encode_to_vec();
+    let frame = pb::SyncFrame {
+        frame: Some(pb::sync_frame::Frame::Marks(pb::Marks {
+            marks: vec![mark.clone(), mark],
+        })),
+    }
+    .encode_to_vec();
     for i in 0..3_000u32 {
         let data: Vec<u8> = match i % 3 {
             // Random scripts of signed marks (odd first byte).
-            0 => std::iter::once(1u8).chain((0..8 * rng.gen_range(1..24)).map(|_| rng.gen::<u8>())).collect(),
+            0 => std::iter::once(1u8)
+                .chain((0..8 * rng.gen_range(1..24)).map(|_| rng.gen::<u8>()))
+                .collect(),
             1 => mutate(&mut rng, frame.clone()),
-            _ => (0..rng.gen_range(0..128)).map(|_| rng.gen::<u8>()).map(|b| b & 0xfe).collect(),
+            _ => (0..rng.gen_range(0..128))
+                .map(|_| rng.gen::<u8>())
+                .map(|b| b & 0xfe)
+                .collect(),
         };
         anarchon::fuzzing::sync_frames(&data);
     }
