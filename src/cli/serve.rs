@@ -24,7 +24,9 @@ pub struct ServeArgs {
     /// Node key, instance counter, known peers, SQLite file [default: ./anarchon-data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// sqlite://PATH [default: sqlite://<data-dir>/anarchon.db].
+    /// sqlite://PATH, postgres://…?table=PREFIX, redis://…?strategy=lease|stream-id|idmp|script,
+    /// redis+cluster://H:P,H:P?strategy=…, amqp://…, nats://…
+    /// [default: sqlite://<data-dir>/anarchon.db].
     #[arg(long, value_name = "URL")]
     pub backend: Option<String>,
     /// A peer's gRPC address; repeatable.
