@@ -62,6 +62,11 @@ async fn sqlite() -> Option<DynStore> {
 }
 
 conformance!(sqlite, sqlite());
+conformance!(postgres, common::pg::store(""));
+conformance!(
+    postgres_transaction,
+    common::pg::store("&claim=transaction")
+);
 
 conformance!(redis_lease, common::redis::single("lease"));
 conformance!(redis_stream_id, common::redis::single("stream-id"));

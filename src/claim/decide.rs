@@ -45,6 +45,14 @@ impl Decision {
         )
     }
 
+    /// Whether the caller wins, so the job's fencing number must move on.
+    pub fn wins(&self) -> bool {
+        matches!(
+            self,
+            Decision::Insert | Decision::Takeover | Decision::Relock
+        )
+    }
+
     /// The row to write, if any. `fencing` is the job's next fencing number
     /// (only used when the caller wins).
     pub fn next_row(

@@ -14,9 +14,12 @@ use async_trait::async_trait;
 use crate::claim::*;
 use crate::error::{Error, Result};
 
+mod postgres;
 mod redis;
+mod sql;
 mod sqlite;
 
+pub use postgres::{PgClaim, PgTarget, PostgresStore};
 pub use redis::{RedisConfig, Strategy as RedisStrategy};
 pub use sqlite::SqliteStore;
 
@@ -95,6 +98,7 @@ pub type DynStore = Arc<dyn Store>;
 pub enum Backend {
     Sqlite { path: String },
     Redis(RedisConfig),
+    Postgres(PgTarget),
 }
 
 impl Backend {
@@ -103,6 +107,7 @@ impl Backend {
         match self {
             Backend::Sqlite { .. } => "sqlite",
             Backend::Redis(c) => c.backend_name(),
+            Backend::Postgres(_) => "postgres",
         }
     }
 
@@ -121,8 +126,9 @@ impl Backend {
                 Ok(Backend::Sqlite { path: path.to_owned() })
             }
             "redis" | "redis+cluster" => Ok(Backend::Redis(RedisConfig::parse(url)?)),
+            "postgres" | "postgresql" => postgres::parse_url(url),
             other => Err(bad(format!(
-                "unknown scheme {other:?}; expected sqlite://, redis:// or redis+cluster:// (postgres://, amqp:// and nats:// are not in this build yet)"
+                "unknown scheme {other:?}; expected sqlite://, postgres://, redis:// or redis+cluster:// (amqp:// and nats:// are not in this build yet)"
             ))),
         }
     }
@@ -133,6 +139,7 @@ pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
     match Backend::parse(url)? {
         Backend::Sqlite { path } => Ok(Arc::new(SqliteStore::open(&path, opts).await?)),
         Backend::Redis(cfg) => redis::open(&cfg, opts).await,
+        Backend::Postgres(target) => Ok(Arc::new(PostgresStore::open(&target, opts).await?)),
     }
 }
 

@@ -15,16 +15,17 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, SqliteConnection};
+use sqlx::SqliteConnection;
 use sqlx::{Sqlite, Transaction};
 use tokio::sync::{Mutex, MutexGuard};
 
+use super::sql::{self, run_from_row, RunAccess, RUN_COLUMNS};
 use super::{Store, StoreInfo, StoreOptions};
 use crate::claim::*;
 use crate::error::{Error, Result};
@@ -36,7 +37,7 @@ pub struct SqliteStore {
     info: StoreInfo,
 }
 
-const RUN_COLUMNS: &str = "slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms";
+static UPSERT_RUN: LazyLock<String> = LazyLock::new(|| sql::upsert_run_sql("runs"));
 
 impl SqliteStore {
     pub async fn open(path: &str, opts: &StoreOptions) -> Result<SqliteStore> {
@@ -69,10 +70,7 @@ impl SqliteStore {
                 backend: "sqlite",
                 leases: true,
                 full_history: true,
-                retention: format!(
-                    "runs are kept {} after they are claimed (longer than any late claim may ask)",
-                    humantime::format_duration(opts.retention)
-                ),
+                retention: sql::retention_note(opts.retention),
             },
         })
     }
@@ -124,26 +122,6 @@ fn convert(e: sqlx::Error) -> Error {
     }
 }
 
-fn run_from_row(row: &SqliteRow) -> Result<RunRow> {
-    let get_i64 = |c: &str| row.try_get::<i64, _>(c).map_err(convert);
-    let state: String = row.try_get("state").map_err(convert)?;
-    let token: String = row.try_get("token").map_err(convert)?;
-    Ok(RunRow {
-        slot_ms: get_i64("slot_ms")?,
-        state: RunState::parse(&state)?,
-        attempt: get_i64("attempt")? as u32,
-        fencing: get_i64("fencing")? as u64,
-        token: Token::parse(&token).map_err(|_| Error::Store("malformed token in store".into()))?,
-        holder: Holder {
-            node: row.try_get("holder_node").map_err(convert)?,
-            instance: get_i64("holder_instance")? as u64,
-        },
-        lease_until_ms: get_i64("lease_until_ms")?,
-        claimed_at_ms: get_i64("claimed_at_ms")?,
-        finished_at_ms: get_i64("finished_at_ms")?,
-    })
-}
-
 async fn read_run(conn: &mut SqliteConnection, job: &Job, slot: SlotMs) -> Result<Option<RunRow>> {
     let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE job = ? AND slot_ms = ?");
     let row = sqlx::query(&sql)
@@ -175,39 +153,11 @@ async fn read_others(
     rows.iter().map(run_from_row).collect()
 }
 
-/// Whether the decision needs the job's other running runs.
-fn needs_others(spec: &ClaimSpec, run: Option<&RunRow>) -> bool {
-    spec.overlap == Overlap::Skip
-        && match run {
-            None => true,
-            Some(r) => spec.slot_ms == 0 && r.state.is_finished(),
-        }
-}
-
 async fn write_run(conn: &mut SqliteConnection, job: &Job, r: &RunRow) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO runs (job, slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (job, slot_ms) DO UPDATE SET
-           state = excluded.state, attempt = excluded.attempt, fencing = excluded.fencing,
-           token = excluded.token, holder_node = excluded.holder_node,
-           holder_instance = excluded.holder_instance, lease_until_ms = excluded.lease_until_ms,
-           claimed_at_ms = excluded.claimed_at_ms, finished_at_ms = excluded.finished_at_ms",
-    )
-    .bind(job.as_str())
-    .bind(r.slot_ms)
-    .bind(r.state.as_str())
-    .bind(r.attempt as i64)
-    .bind(r.fencing as i64)
-    .bind(r.token.as_str())
-    .bind(&r.holder.node)
-    .bind(r.holder.instance as i64)
-    .bind(r.lease_until_ms)
-    .bind(r.claimed_at_ms)
-    .bind(r.finished_at_ms)
-    .execute(conn)
-    .await
-    .map_err(convert)?;
+    sql::bind_run(sqlx::query(&UPSERT_RUN), job, r)
+        .execute(conn)
+        .await
+        .map_err(convert)?;
     Ok(())
 }
 
@@ -221,6 +171,27 @@ async fn next_fence(conn: &mut SqliteConnection, job: &Job) -> Result<u64> {
     .await
     .map_err(convert)?;
     Ok(fence as u64)
+}
+
+#[async_trait]
+impl RunAccess for SqliteConnection {
+    type Err = Error;
+
+    async fn run(&mut self, job: &Job, slot: SlotMs) -> Result<Option<RunRow>> {
+        read_run(self, job, slot).await
+    }
+
+    async fn others(&mut self, job: &Job, slot: SlotMs, now: i64) -> Result<Vec<RunRow>> {
+        read_others(self, job, slot, now).await
+    }
+
+    async fn next_fence(&mut self, job: &Job) -> Result<u64> {
+        next_fence(self, job).await
+    }
+
+    async fn write(&mut self, job: &Job, run: &RunRow) -> Result<()> {
+        write_run(self, job, run).await
+    }
 }
 
 impl SqliteStore {
@@ -254,38 +225,16 @@ impl Store for SqliteStore {
             let mut conn = self.pool.acquire().await.map_err(convert)?;
             let run = read_run(&mut conn, &spec.job, spec.slot_ms).await?;
             let now = host_now_ms();
-            let others = if needs_others(spec, run.as_ref()) {
-                read_others(&mut conn, &spec.job, spec.slot_ms, now).await?
-            } else {
-                Vec::new()
-            };
-            let d = decide(now, spec, dead, run.as_ref(), &others);
-            if !d.writes() {
-                return Ok(d.answer(spec, run.as_ref(), None, now));
+            if let Some(a) =
+                sql::answer_without_write(&mut *conn, spec, dead, now, run.as_ref()).await?
+            {
+                return Ok(a);
             }
         }
         // Decide again under the write lock, and write.
         let (_guard, mut tx) = self.begin().await?;
-        let conn = &mut *tx;
         let now = host_now_ms();
-        let run = read_run(conn, &spec.job, spec.slot_ms).await?;
-        let others = if needs_others(spec, run.as_ref()) {
-            read_others(conn, &spec.job, spec.slot_ms, now).await?
-        } else {
-            Vec::new()
-        };
-        let d = decide(now, spec, dead, run.as_ref(), &others);
-        let fencing = match d {
-            Decision::Insert | Decision::Takeover | Decision::Relock => {
-                next_fence(conn, &spec.job).await?
-            }
-            _ => 0,
-        };
-        let written = d.next_row(spec, run.as_ref(), now, fencing);
-        if let Some(w) = &written {
-            write_run(conn, &spec.job, w).await?;
-        }
-        let out = d.answer(spec, run.as_ref(), written.as_ref(), now);
+        let out = sql::claim_locked(&mut *tx, spec, dead, now).await?;
         tx.commit().await.map_err(convert)?;
         Ok(out)
     }

@@ -5,6 +5,7 @@
 pub mod contest;
 pub mod inproc;
 pub mod liveness;
+pub mod pg;
 pub mod process;
 pub mod proxy;
 pub mod redis;

@@ -1,0 +1,180 @@
+//! What the SQL stores (SQLite, PostgreSQL) share: the run columns and their
+//! mapping, the statement that writes a run, and the claim flow around the
+//! pure decision table.
+//!
+//! Each store brings its own locking (`BEGIN IMMEDIATE`, a job row lock), its
+//! own clock and its own error translation; it implements [`RunAccess`] for
+//! the connection it holds, and [`claim_locked`] runs the same steps on it:
+//! read the run, read the job's other running runs when the decision needs
+//! them, decide, take the next fencing number when the caller wins, write,
+//! answer.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::database::Database;
+use sqlx::query::Query;
+use sqlx::{ColumnIndex, Decode, Encode, Row, Type};
+
+use crate::claim::*;
+use crate::error::{Error, Result};
+
+/// The columns of a run, in the order [`run_from_row`] and [`bind_run`] use.
+pub(super) const RUN_COLUMNS: &str = "slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms";
+
+/// The statement that writes a whole run (insert or replace), for the table
+/// `runs`. Parameters `$1..$11`: the job, then [`RUN_COLUMNS`]; bind them
+/// with [`bind_run`].
+pub(super) fn upsert_run_sql(runs: &str) -> String {
+    format!(
+        "INSERT INTO {runs} (job, {RUN_COLUMNS})
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+         ON CONFLICT (job, slot_ms) DO UPDATE SET
+           state = excluded.state, attempt = excluded.attempt, fencing = excluded.fencing,
+           token = excluded.token, holder_node = excluded.holder_node,
+           holder_instance = excluded.holder_instance, lease_until_ms = excluded.lease_until_ms,
+           claimed_at_ms = excluded.claimed_at_ms, finished_at_ms = excluded.finished_at_ms"
+    )
+}
+
+/// Binds the job and the run's columns, in [`RUN_COLUMNS`] order.
+pub(super) fn bind_run<'q, DB>(
+    q: Query<'q, DB, <DB as Database>::Arguments<'q>>,
+    job: &'q Job,
+    r: &'q RunRow,
+) -> Query<'q, DB, <DB as Database>::Arguments<'q>>
+where
+    DB: Database,
+    i64: Encode<'q, DB> + Type<DB>,
+    &'q str: Encode<'q, DB> + Type<DB>,
+{
+    q.bind(job.as_str())
+        .bind(r.slot_ms)
+        .bind(r.state.as_str())
+        .bind(r.attempt as i64)
+        .bind(r.fencing as i64)
+        .bind(r.token.as_str())
+        .bind(r.holder.node.as_str())
+        .bind(r.holder.instance as i64)
+        .bind(r.lease_until_ms)
+        .bind(r.claimed_at_ms)
+        .bind(r.finished_at_ms)
+}
+
+/// Reads a run from a row that holds [`RUN_COLUMNS`].
+pub(super) fn run_from_row<'r, R>(row: &'r R) -> Result<RunRow>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let bad = |e: sqlx::Error| Error::Store(format!("malformed run row: {e}"));
+    let get_i64 = |c: &'static str| row.try_get::<i64, _>(c).map_err(bad);
+    let get_str = |c: &'static str| row.try_get::<String, _>(c).map_err(bad);
+    Ok(RunRow {
+        slot_ms: get_i64("slot_ms")?,
+        state: RunState::parse(&get_str("state")?)?,
+        attempt: get_i64("attempt")? as u32,
+        fencing: get_i64("fencing")? as u64,
+        token: Token::parse(&get_str("token")?)
+            .map_err(|_| Error::Store("malformed token in store".into()))?,
+        holder: Holder {
+            node: get_str("holder_node")?,
+            instance: get_i64("holder_instance")? as u64,
+        },
+        lease_until_ms: get_i64("lease_until_ms")?,
+        claimed_at_ms: get_i64("claimed_at_ms")?,
+        finished_at_ms: get_i64("finished_at_ms")?,
+    })
+}
+
+/// How a lease store describes its retention in `History`.
+pub(super) fn retention_note(retention: Duration) -> String {
+    format!(
+        "runs are kept {} after they are claimed (longer than any late claim may ask)",
+        humantime::format_duration(retention)
+    )
+}
+
+/// Whether the decision needs the job's other running runs.
+pub(super) fn needs_others(spec: &ClaimSpec, run: Option<&RunRow>) -> bool {
+    spec.overlap == Overlap::Skip
+        && match run {
+            None => true,
+            Some(r) => spec.slot_ms == 0 && r.state.is_finished(),
+        }
+}
+
+/// The runs of a store, as seen through one connection (inside the store's
+/// lock when a claim writes).
+#[async_trait]
+pub(super) trait RunAccess: Send {
+    /// The store's error, which every domain error converts into.
+    type Err: From<Error> + Send;
+
+    /// The run (job, slot), if any.
+    async fn run(&mut self, job: &Job, slot: SlotMs) -> Result<Option<RunRow>, Self::Err>;
+
+    /// The running runs of `job` other than `slot` whose lease is current.
+    async fn others(&mut self, job: &Job, slot: SlotMs, now: i64)
+        -> Result<Vec<RunRow>, Self::Err>;
+
+    /// The job's next fencing number (the caller wins).
+    async fn next_fence(&mut self, job: &Job) -> Result<u64, Self::Err>;
+
+    /// Writes the run.
+    async fn write(&mut self, job: &Job, run: &RunRow) -> Result<(), Self::Err>;
+}
+
+/// Decides on `run`, reading the job's other running runs when the decision
+/// needs them.
+pub(super) async fn decide_on<A: RunAccess>(
+    runs: &mut A,
+    spec: &ClaimSpec,
+    dead: &DeadHolders,
+    now: i64,
+    run: Option<&RunRow>,
+) -> Result<Decision, A::Err> {
+    let others = if needs_others(spec, run) {
+        runs.others(&spec.job, spec.slot_ms, now).await?
+    } else {
+        Vec::new()
+    };
+    Ok(decide(now, spec, dead, run, &others))
+}
+
+/// Read before the transaction: the answer when the decision on a plain read
+/// writes nothing (finished, running and live, a resend, late, overlap).
+pub(super) async fn answer_without_write<A: RunAccess>(
+    runs: &mut A,
+    spec: &ClaimSpec,
+    dead: &DeadHolders,
+    now: i64,
+    run: Option<&RunRow>,
+) -> Result<Option<ClaimAnswer>, A::Err> {
+    let d = decide_on(runs, spec, dead, now, run).await?;
+    Ok((!d.writes()).then(|| d.answer(spec, run, None, now)))
+}
+
+/// The claim under the store's lock: read the run again, decide, write.
+/// `now` is the store's clock, read after the lock was taken.
+pub(super) async fn claim_locked<A: RunAccess>(
+    runs: &mut A,
+    spec: &ClaimSpec,
+    dead: &DeadHolders,
+    now: i64,
+) -> Result<ClaimAnswer, A::Err> {
+    let run = runs.run(&spec.job, spec.slot_ms).await?;
+    let d = decide_on(runs, spec, dead, now, run.as_ref()).await?;
+    let fencing = if d.wins() {
+        runs.next_fence(&spec.job).await?
+    } else {
+        0
+    };
+    let written = d.next_row(spec, run.as_ref(), now, fencing);
+    if let Some(w) = &written {
+        runs.write(&spec.job, w).await?;
+    }
+    Ok(d.answer(spec, run.as_ref(), written.as_ref(), now))
+}

@@ -1,0 +1,574 @@
+//! PostgreSQL-specific tests, against the real server at 127.0.0.1:5432
+//! (the conformance suite runs on it from `tests/conformance.rs`): a
+//! multi-process contest, the scope of the job lock, concurrent start-up
+//! against a fresh prefix, retention pruning, and connections killed in the
+//! middle of a run of claims.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anarchon::claim::*;
+use anarchon::proto as pb;
+use anarchon::proto::claims_client::ClaimsClient;
+use anarchon::store::{self, StoreOptions};
+use common::contest::Contest;
+use common::pg;
+use common::process::Sidecar;
+use common::{holder, job, spec};
+use sqlx::Row;
+
+/// 3 real `anarchon serve` processes on one fresh prefix (they also migrate
+/// it at the same moment), 48 gRPC claimers, 2,000 slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contest_three_processes() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let report = Contest {
+        backend: pg::backend(&prefix),
+        // The slots start now: on a loaded machine a run can outlast the
+        // default lateness, and late slots are not what this test is about.
+        extra_flags: vec!["--max-late-ms".into(), "3600000".into()],
+        ..Contest::default()
+    }
+    .run()
+    .await;
+    assert!(report.claims >= 2000 * 48 / 4);
+    assert_eq!(report.outcomes.get("WON").copied(), Some(2000));
+    pg::drop_tables(&prefix).await;
+}
+
+/// Polls until a backend of `application_name` waits for a lock.
+async fn wait_until_blocked(admin: &sqlx::PgPool, application_name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(application_name)
+        .fetch_one(admin)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no claim of {application_name} ever waited for the job lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// While a claim transaction on job A holds A's row lock (opened here by
+/// hand, exactly as the store's first statement does, and writing the run as
+/// a winner would), a claim on job B completes; a claim on A waits for the
+/// lock and then sees the first claim's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_lock_scope() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let store = store::open(&pg::backend(&prefix), &StoreOptions::default())
+        .await
+        .unwrap();
+    let admin = pg::admin().await;
+    let (a, b) = (job("lock-a"), job("lock-b"));
+    let slot = host_now_ms();
+    let first = holder("first", 1);
+    let first_token = Token::generate();
+
+    let mut tx = admin.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {prefix}_jobs AS j (job, fence) VALUES ($1, 0)
+         ON CONFLICT (job) DO UPDATE SET fence = j.fence"
+    ))
+    .bind(a.as_str())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {prefix}_runs (job, slot_ms, state, attempt, fencing, token, holder_node,
+           holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms)
+         VALUES ($1, $2, 'RUNNING', 1, 1, $3, $4, $5, $6, $7, 0)"
+    ))
+    .bind(a.as_str())
+    .bind(slot)
+    .bind(first_token.as_str())
+    .bind(&first.node)
+    .bind(first.instance as i64)
+    .bind(slot + 60_000)
+    .bind(slot)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+
+    // Another job is not behind A's lock.
+    let other = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.claim(&spec(&b, slot, &holder("b", 1)), &DeadHolders::none()),
+    )
+    .await
+    .expect("a claim on job B must not wait for job A's lock")
+    .unwrap();
+    assert_eq!(other.outcome, Outcome::Won, "{other:?}");
+
+    // The same job is.
+    let waiter = {
+        let store = store.clone();
+        let sp = spec(&a, slot, &holder("second", 1));
+        tokio::spawn(async move { store.claim(&sp, &DeadHolders::none()).await })
+    };
+    wait_until_blocked(&admin, &pg::application_name(&prefix)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the claim on A must wait for A's lock"
+    );
+    tx.commit().await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the claim on A must finish once the lock is released")
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.outcome, Outcome::Running, "{seen:?}");
+    assert_eq!(seen.holder, Some(first));
+    assert_eq!(seen.attempt, 1);
+    assert!(seen.token.is_none());
+    pg::drop_tables(&prefix).await;
+}
+
+/// Several stores opened at once against an empty prefix all succeed, the
+/// migrations are applied once, and every store works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_start_on_a_fresh_prefix() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let url = pg::backend(&prefix);
+    let opts = StoreOptions::default();
+    let opened = futures::future::join_all((0..8).map(|_| store::open(&url, &opts))).await;
+    let stores: Vec<_> = opened
+        .into_iter()
+        .map(|r| r.expect("every concurrent start succeeds"))
+        .collect();
+    let admin = pg::admin().await;
+    let versions: Vec<i32> = sqlx::query_scalar(&format!(
+        "SELECT version FROM {prefix}_migrations ORDER BY version"
+    ))
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(versions, vec![1, 2]);
+    let j = job("start");
+    let slot = host_now_ms();
+    for (i, s) in stores.iter().enumerate() {
+        let a = s
+            .claim(
+                &spec(&j, slot + i as i64, &holder("n", 1)),
+                &DeadHolders::none(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(a.outcome, Outcome::Won);
+        assert_eq!(a.fencing, i as u64 + 1, "fencing rises per job");
+    }
+    // Opening again on a migrated prefix changes nothing.
+    drop(store::open(&url, &opts).await.unwrap());
+    pg::drop_tables(&prefix).await;
+}
+
+/// Pruning works in batches, and keeps runs whose slot is not yet older
+/// than the cutoff (claimed long before their time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_in_batches_keeps_future_slots() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let s = store::open(&pg::backend(&prefix), &StoreOptions::default())
+        .await
+        .unwrap();
+    let j = job("prune");
+    let now = host_now_ms();
+    let day = 86_400_000;
+    let slots = [now - 3, now - 2, now - 1, now + day, now + 2 * day];
+    for slot in slots {
+        let sp = spec(&j, slot, &holder("a", 1));
+        assert_eq!(
+            s.claim(&sp, &DeadHolders::none()).await.unwrap().outcome,
+            Outcome::Won
+        );
+        let rel = ReleaseSpec {
+            job: j.clone(),
+            slot_ms: slot,
+            token: sp.token.clone(),
+            result: ReleaseResult::Succeeded,
+        };
+        s.release(&rel, &DeadHolders::none()).await.unwrap();
+    }
+    let cutoff = now + 60_000;
+    assert_eq!(s.prune(cutoff, 2).await.unwrap(), 2);
+    assert_eq!(s.prune(cutoff, 2).await.unwrap(), 1);
+    assert_eq!(s.prune(cutoff, 2).await.unwrap(), 0);
+    let left: Vec<i64> = s
+        .history(&j, 10, None)
+        .await
+        .unwrap()
+        .runs
+        .iter()
+        .map(|r| r.slot_ms)
+        .collect();
+    assert_eq!(left, vec![now + 2 * day, now + day]);
+    pg::drop_tables(&prefix).await;
+}
+
+/// Writes `run` for `job` as it would be stored.
+async fn put_run(admin: &sqlx::PgPool, prefix: &str, job: &Job, r: &RunRow) {
+    sqlx::query(&format!(
+        "INSERT INTO {prefix}_runs (job, slot_ms, state, attempt, fencing, token, holder_node,
+           holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+    ))
+    .bind(job.as_str())
+    .bind(r.slot_ms)
+    .bind(r.state.as_str())
+    .bind(r.attempt as i64)
+    .bind(r.fencing as i64)
+    .bind(r.token.as_str())
+    .bind(&r.holder.node)
+    .bind(r.holder.instance as i64)
+    .bind(r.lease_until_ms)
+    .bind(r.claimed_at_ms)
+    .bind(r.finished_at_ms)
+    .execute(admin)
+    .await
+    .unwrap();
+}
+
+/// Both claim paths (the `<prefix>_claim` function and the transaction
+/// driven from Rust) against `claim::decide` itself, on random states: the
+/// run (missing, running with a current or lapsed lease, finished), the
+/// caller's or another token, live, dead or restarted holders, another
+/// running run of the job, slot 0, late and future slots, both overlap
+/// policies, attempts left or not. The answer and the stored run must be
+/// exactly what the decision table says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_paths_agree_with_the_decision_table() {
+    use rand::{Rng, SeedableRng};
+    if !pg::available() {
+        return;
+    }
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let prefix = pg::prefix();
+    let admin = pg::admin().await;
+    let hour = 3_600_000;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for params in ["", "&claim=transaction"] {
+        let s = store::open(
+            &format!("{}{params}", pg::backend(&prefix)),
+            &StoreOptions::default(),
+        )
+        .await
+        .unwrap();
+        for case in 0..150 {
+            let j = job(&format!("agree-{case}"));
+            let t = host_now_ms();
+            let slot = match rng.gen_range(0..4) {
+                0 => 0,
+                1 => t - 1000,
+                2 => t - 10 * 60_000,
+                _ => t + hour,
+            };
+            let me = holder("me", 1);
+            let mut sp = spec(&j, slot, &me);
+            sp.max_late_ms = 60_000;
+            sp.max_attempts = rng.gen_range(1..=3);
+            if rng.gen_bool(0.5) {
+                sp.overlap = Overlap::Skip;
+            }
+            let other_token = Token::generate();
+            let row = |slot_ms: i64, node: &str, rng: &mut rand::rngs::StdRng| RunRow {
+                slot_ms,
+                state: [
+                    RunState::Running,
+                    RunState::Running,
+                    RunState::Succeeded,
+                    RunState::Failed,
+                    RunState::Interrupted,
+                ][rng.gen_range(0..5)],
+                attempt: rng.gen_range(1..=3),
+                fencing: 3,
+                token: if rng.gen_bool(0.3) {
+                    sp.token.clone()
+                } else {
+                    other_token.clone()
+                },
+                holder: holder(node, 1),
+                lease_until_ms: if rng.gen_bool(0.5) {
+                    t + hour
+                } else {
+                    t - hour
+                },
+                claimed_at_ms: t - 2 * hour,
+                finished_at_ms: 0,
+            };
+            let run = rng.gen_bool(0.7).then(|| row(slot, "h1", &mut rng));
+            let others: Vec<RunRow> = rng
+                .gen_bool(0.5)
+                .then(|| row(slot + 7, "h2", &mut rng))
+                .into_iter()
+                .collect();
+            let mut dead = DeadHolders::none();
+            if rng.gen_bool(0.3) {
+                dead.mark_dead(holder("h1", 1));
+            }
+            if rng.gen_bool(0.3) {
+                dead.set_current("h2", 2);
+            }
+            if rng.gen_bool(0.3) {
+                dead.set_current("h1", 1);
+            }
+            sqlx::query(&format!(
+                "INSERT INTO {prefix}_jobs (job, fence) VALUES ($1, 5)"
+            ))
+            .bind(j.as_str())
+            .execute(&admin)
+            .await
+            .unwrap();
+            for r in run.iter().chain(&others) {
+                put_run(&admin, &prefix, &j, r).await;
+            }
+
+            let got = s.claim(&sp, &dead).await.unwrap();
+            let now = got.now_ms;
+            let d = decide(now, &sp, &dead, run.as_ref(), &others);
+            let name = format!("{d:?}");
+            *seen
+                .entry(name[..name.find('(').unwrap_or(name.len())].to_owned())
+                .or_default() += 1;
+            let written = d.next_row(&sp, run.as_ref(), now, 6);
+            let want = d.answer(&sp, run.as_ref(), written.as_ref(), now);
+            let case =
+                format!("params {params:?} case {case}: {d:?} run {run:?} others {others:?}");
+            assert_eq!(got, want, "{case}");
+            let stored = s.history(&j, 10, None).await.unwrap().runs;
+            let stored = stored.into_iter().find(|r| r.slot_ms == slot);
+            assert_eq!(stored, written.or(run), "{case}");
+        }
+    }
+    eprintln!("decisions checked: {seen:?}");
+    pg::drop_tables(&prefix).await;
+}
+
+/// One claim as a client that resends with the same token after
+/// `UNAVAILABLE` (what the protocol tells clients to do).
+#[derive(Debug, Default)]
+struct Tally {
+    won: Vec<(i64, String)>,
+    running: Vec<(i64, String)>,
+    unavailable: usize,
+    other_errors: Vec<String>,
+}
+
+/// Kills the sidecar's PostgreSQL connections again and again while 12
+/// gRPC clients claim 600 slots (4 claimers a slot). Every answer is
+/// `UNAVAILABLE` or correct: a resend with the same token after
+/// `UNAVAILABLE` ends with exactly one `WON` per slot, which is the token the
+/// database holds, and nobody told `RUNNING` holds the run. Afterwards the
+/// same sidecar, never restarted, answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_connections_mid_run() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let app = pg::application_name(&prefix);
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = Sidecar::start(dir.path(), &["--backend", &pg::backend(&prefix)]);
+    let admin = pg::admin().await;
+    let j = job("restart");
+    let base = host_now_ms();
+    let (slots, claimers, spread) = (600i64, 12usize, 3i64);
+    // The gRPC port opens before the store is ready: one claim first, so
+    // the kills hit claims and not the start-up (which would exit).
+    let mut cl = ClaimsClient::connect(sidecar.url()).await.unwrap();
+    let warm = cl
+        .claim(pb::ClaimRequest {
+            job: j.to_string(),
+            slot_ms: base - 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(warm.into_inner().outcome, pb::Outcome::Won as i32);
+
+    let done = Arc::new(AtomicBool::new(false));
+    let killer = {
+        let (admin, app, done) = (admin.clone(), app.clone(), done.clone());
+        tokio::spawn(async move {
+            let kill = |wait_ms: i64| {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, $2))
+                     FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(app.clone())
+                .bind(wait_ms)
+                .fetch_one(&admin)
+            };
+            let (mut rounds, mut killed) = (0u32, 0i64);
+            while !done.load(Ordering::Relaxed) && rounds < 10 {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                killed += kill(0).await.unwrap();
+                rounds += 1;
+            }
+            // Last round: wait until each backend is really gone, so that
+            // nothing dies behind the recovery check below.
+            killed += kill(5000).await.unwrap();
+            (rounds, killed)
+        })
+    };
+
+    let mut tasks = Vec::new();
+    for c in 0..claimers {
+        let (url, job) = (sidecar.url(), j.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut cl = ClaimsClient::connect(url).await.unwrap();
+            let mut t = Tally::default();
+            for i in (0..slots).filter(|i| (i + c as i64) % spread == 0) {
+                let token = Token::generate().as_str().to_owned();
+                let req = pb::ClaimRequest {
+                    job: job.clone(),
+                    slot_ms: base + i,
+                    token: token.clone(),
+                    ..Default::default()
+                };
+                for resend in 0.. {
+                    assert!(
+                        resend < 200,
+                        "slot {i}: still unavailable after 200 resends"
+                    );
+                    match cl.claim(req.clone()).await {
+                        Ok(r) => {
+                            let r = r.into_inner();
+                            match pb::Outcome::try_from(r.outcome) {
+                                Ok(pb::Outcome::Won) => {
+                                    assert_eq!(r.token, token, "WON with someone else's token");
+                                    t.won.push((i, token.clone()));
+                                }
+                                Ok(pb::Outcome::Running) => {
+                                    assert!(r.token.is_empty(), "a loser saw a token");
+                                    t.running.push((i, token.clone()));
+                                }
+                                other => panic!("unexpected outcome {other:?}: {r:?}"),
+                            }
+                            break;
+                        }
+                        Err(s) if s.code() == tonic::Code::Unavailable => t.unavailable += 1,
+                        Err(s) => {
+                            t.other_errors
+                                .push(format!("{:?}: {}", s.code(), s.message()));
+                            break;
+                        }
+                    }
+                }
+            }
+            t
+        }));
+    }
+    let mut all = Tally::default();
+    for task in tasks {
+        let t = task.await.unwrap();
+        all.won.extend(t.won);
+        all.running.extend(t.running);
+        all.unavailable += t.unavailable;
+        all.other_errors.extend(t.other_errors);
+    }
+    done.store(true, Ordering::Relaxed);
+    let (rounds, killed) = killer.await.unwrap();
+    eprintln!(
+        "killed {killed} connections in {rounds} rounds; {} WON, {} RUNNING, {} UNAVAILABLE",
+        all.won.len(),
+        all.running.len(),
+        all.unavailable
+    );
+    assert!(
+        rounds > 0 && killed > 0,
+        "the test never killed a connection while claims ran"
+    );
+    assert!(
+        all.other_errors.is_empty(),
+        "answers other than UNAVAILABLE: {:?}",
+        all.other_errors
+    );
+
+    // What the database holds.
+    let held: HashMap<i64, String> = sqlx::query(&format!(
+        "SELECT slot_ms, token FROM {prefix}_runs WHERE job = $1"
+    ))
+    .bind(j.as_str())
+    .fetch_all(&admin)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get::<i64, _>("slot_ms") - base, r.get("token")))
+    .collect();
+    let mut winners: HashMap<i64, Vec<&String>> = HashMap::new();
+    for (slot, token) in &all.won {
+        winners.entry(*slot).or_default().push(token);
+    }
+    for i in 0..slots {
+        let w = winners.get(&i).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(w.len(), 1, "slot {i}: {} WON answers", w.len());
+        assert_eq!(
+            held.get(&i),
+            Some(w[0]),
+            "slot {i}: WON is not what is stored"
+        );
+    }
+    for (slot, token) in &all.running {
+        assert_ne!(
+            held.get(slot),
+            Some(token),
+            "slot {slot}: told RUNNING but holds it"
+        );
+    }
+
+    // The same sidecar answers again, at once: at most the first request
+    // meets a connection killed in the last round.
+    let mut failures = 0;
+    for i in 0..50 {
+        let r = cl
+            .claim(pb::ClaimRequest {
+                job: j.to_string(),
+                slot_ms: base + slots + i,
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Ok(r) => assert_eq!(
+                pb::Outcome::try_from(r.into_inner().outcome),
+                Ok(pb::Outcome::Won)
+            ),
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                failures += 1;
+            }
+        }
+    }
+    assert!(
+        failures <= 1,
+        "{failures} claims failed after the kills stopped"
+    );
+    drop(sidecar);
+    pg::drop_tables(&prefix).await;
+}
