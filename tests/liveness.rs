@@ -67,3 +67,9 @@ fn redis_lease() -> Option<String> {
 }
 
 liveness!(redis_lease, redis_lease());
+
+fn postgres() -> Option<String> {
+    common::pg::available().then(|| common::pg::backend(&common::pg::prefix()))
+}
+
+liveness!(postgres, postgres());
