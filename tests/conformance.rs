@@ -62,6 +62,9 @@ async fn sqlite() -> Option<DynStore> {
 }
 
 conformance!(sqlite, sqlite());
+// The memories outlast the suite's widest max_late (1 h).
+conformance!(rabbitmq, common::brokers::rabbitmq("&slot_ttl_ms=3700000"));
+conformance!(nats, common::brokers::nats("&duplicate_window_ms=3700000"));
 
 #[allow(unused)]
 fn _services_used() -> bool {
