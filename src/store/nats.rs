@@ -692,7 +692,8 @@ mod tests {
         assert_eq!(job_subject(&j("a.b.c")), "a.b.c");
         assert_eq!(job_subject(&j("a:b/c-d_e")), "a:b/c-d_e");
         for odd in [".a", "a.", "a..b", "."] {
-            let s = job_subject(&j(odd));
+            let job = j(odd);
+            let s = job_subject(&job);
             assert!(s.starts_with('~') && !s.contains('.'), "{odd} -> {s}");
         }
         assert_ne!(job_subject(&j(".a")), job_subject(&j("a.")));
