@@ -82,3 +82,45 @@ pub async fn sweep_old_test_streams() {
         let _ = js.delete_stream(&name).await;
     }
 }
+
+/// Deletes every queue left by tests (`anatest_…`). Gates are durable
+/// queues, and a broker restart recovers every one of them: thousands of
+/// leftovers make a restart slow, and beyond the broker's file handle limit
+/// its recovery can stall. Needs `rabbitmqctl` (to list queues).
+pub async fn sweep_test_queues() {
+    let Ok(out) = std::process::Command::new("rabbitmqctl")
+        .args(["list_queues", "name", "--quiet", "--no-table-headers"])
+        .output()
+    else {
+        return;
+    };
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|n| n.starts_with(TEST_PREFIX))
+        .map(str::to_owned)
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let Ok(conn) = lapin::Connection::connect(
+        &format!("amqp://guest:guest@{AMQP_ADDR}/%2f"),
+        lapin::ConnectionProperties::default(),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut ch = None;
+    for name in &names {
+        if ch.is_none() {
+            ch = conn.create_channel().await.ok();
+        }
+        let Some(c) = &ch else { return };
+        if c.queue_delete(name, Default::default()).await.is_err() {
+            // A failed delete closes the channel: open another.
+            ch = None;
+        }
+    }
+    let _ = conn.close(200, "swept").await;
+}
