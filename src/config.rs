@@ -82,6 +82,20 @@ pub struct Config {
     pub drain_ms: u64,
     /// `plain` or `json`.
     pub log_format: String,
+    /// Most runtimes the mesh keeps track of.
+    pub max_runtimes: usize,
+    /// Largest sync frame accepted, in bytes.
+    pub max_frame_bytes: usize,
+    /// Events a `WatchPeers` client may fall behind before it is cut off.
+    pub watch_buffer: usize,
+    /// Largest application request, in bytes.
+    pub max_request_bytes: usize,
+    /// Requests served at once on one connection (more wait).
+    pub max_concurrent_per_connection: usize,
+    /// Open `Hold` streams allowed per client address.
+    pub max_holds_per_client: usize,
+    /// `Sync` links accepted at once from one peer runtime.
+    pub max_links_per_peer: usize,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,
@@ -112,6 +126,13 @@ impl Default for Config {
             busy_timeout_ms: 5_000,
             drain_ms: 5_000,
             log_format: "plain".into(),
+            max_runtimes: 1024,
+            max_frame_bytes: 4 << 20,
+            watch_buffer: 256,
+            max_request_bytes: 64 << 10,
+            max_concurrent_per_connection: 256,
+            max_holds_per_client: 1024,
+            max_links_per_peer: 4,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -143,6 +164,13 @@ const KEYS: &[&str] = &[
     "busy_timeout_ms",
     "drain_ms",
     "log_format",
+    "max_runtimes",
+    "max_frame_bytes",
+    "watch_buffer",
+    "max_request_bytes",
+    "max_concurrent_per_connection",
+    "max_holds_per_client",
+    "max_links_per_peer",
     "tls_cert",
     "tls_key",
     "tls_client_ca",
@@ -262,6 +290,28 @@ impl Config {
         if !matches!(self.log_format.as_str(), "plain" | "json") {
             return Err(err("log_format", "must be plain or json"));
         }
+        if self.max_runtimes == 0 {
+            return Err(err("max_runtimes", "must be at least 1"));
+        }
+        if self.max_frame_bytes < 64 << 10 {
+            return Err(err("max_frame_bytes", "must be at least 65536"));
+        }
+        for (key, v) in [
+            ("watch_buffer", self.watch_buffer),
+            (
+                "max_concurrent_per_connection",
+                self.max_concurrent_per_connection,
+            ),
+            ("max_holds_per_client", self.max_holds_per_client),
+            ("max_links_per_peer", self.max_links_per_peer),
+        ] {
+            if v == 0 {
+                return Err(err(key, "must be at least 1"));
+            }
+        }
+        if self.max_request_bytes < 1024 {
+            return Err(err("max_request_bytes", "must be at least 1024"));
+        }
         if self.busy_timeout_ms == 0 {
             return Err(err("busy_timeout_ms", "must be positive"));
         }
@@ -279,6 +329,15 @@ impl Config {
         }
         if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
             return Err(err("tls_client_ca", "needs tls_cert and tls_key"));
+        }
+        if self.tls_cert.is_some()
+            && self.tls_client_ca.is_none()
+            && !(self.peer.is_empty() && self.peer_dns.is_empty())
+        {
+            return Err(err(
+                "tls_client_ca",
+                "is required with TLS and peers: it is the CA peers' certificates are checked against",
+            ));
         }
         for (key, path) in [
             ("tls_cert", &self.tls_cert),

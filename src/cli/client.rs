@@ -39,13 +39,30 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         }
         None => None,
     };
+    let scheme = if opts.tls_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let uri = if opts.server.contains("://") {
         opts.server.clone()
     } else {
-        format!("http://{}", opts.server)
+        format!("{scheme}://{}", opts.server)
     };
-    let channel = Channel::from_shared(uri)?
-        .connect_timeout(Duration::from_secs(5))
+    let mut endpoint = Channel::from_shared(uri)?.connect_timeout(Duration::from_secs(5));
+    if let Some(ca) = &opts.tls_ca {
+        crate::server::tls::install_crypto_provider();
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(ca)?));
+        if let (Some(c), Some(k)) = (&opts.tls_client_cert, &opts.tls_client_key) {
+            tls = tls.identity(tonic::transport::Identity::from_pem(
+                std::fs::read(c)?,
+                std::fs::read(k)?,
+            ));
+        }
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the sidecar at {}: {e}", opts.server))?;
@@ -53,6 +70,11 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         pb::claims_client::ClaimsClient::with_interceptor(channel.clone(), Bearer(bearer.clone())),
         pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
     ))
+}
+
+/// Connects, or reports why not (text or JSON) and returns exit status 1.
+async fn connect_or_report(opts: &ClientOpts) -> Result<(ClaimsClient, MeshClient), ExitCode> {
+    connect(opts).await.map_err(|e| fail(opts.json, e))
 }
 
 /// Parses `--slot`: epoch milliseconds, or `now`.
@@ -212,9 +234,9 @@ pub async fn claim(a: ClaimArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(json, anyhow::anyhow!(e)),
     };
-    let (mut c, _) = match connect(&a.client).await {
+    let (mut c, _) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     match c.claim(req).await {
         Ok(r) => {
@@ -249,9 +271,9 @@ pub struct RenewArgs {
 
 pub async fn renew(a: RenewArgs) -> ExitCode {
     let json = a.client.json;
-    let (mut c, _) = match connect(&a.client).await {
+    let (mut c, _) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     let req = pb::RenewRequest {
         job: a.job.clone(),
@@ -295,9 +317,9 @@ pub struct ReleaseArgs {
 
 pub async fn release(a: ReleaseArgs) -> ExitCode {
     let json = a.client.json;
-    let (mut c, _) = match connect(&a.client).await {
+    let (mut c, _) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     let result = if a.failed {
         pb::ReleaseResult::Failed
@@ -338,9 +360,9 @@ pub struct HistoryArgs {
 
 pub async fn history(a: HistoryArgs) -> ExitCode {
     let json = a.client.json;
-    let (mut c, _) = match connect(&a.client).await {
+    let (mut c, _) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     let req = pb::HistoryRequest {
         job: a.job.clone(),
@@ -407,9 +429,9 @@ pub struct PeersArgs {
 
 pub async fn peers(a: PeersArgs) -> ExitCode {
     let json = a.client.json;
-    let (_, mut m) = match connect(&a.client).await {
+    let (_, mut m) = match connect_or_report(&a.client).await {
         Ok(c) => c,
-        Err(e) => return fail(json, e),
+        Err(code) => return code,
     };
     match m.list_peers(pb::ListPeersRequest {}).await {
         Ok(r) => {
@@ -431,13 +453,17 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
                     "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} ADDRESS",
                     "NODE", "INSTANCE", "RESTARTS", "STATE", "LINK", "BEAT"
                 );
-                for p in all {
+                for (i, p) in all.into_iter().enumerate() {
                     let state = pb::PeerState::try_from(p.state)
                         .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
                         .unwrap_or("?");
-                    let link = pb::Link::try_from(p.link)
-                        .map(|s| s.as_str_name().trim_start_matches("LINK_"))
-                        .unwrap_or("?");
+                    let link = if i == 0 {
+                        "SELF"
+                    } else {
+                        pb::Link::try_from(p.link)
+                            .map(|s| s.as_str_name().trim_start_matches("LINK_"))
+                            .unwrap_or("?")
+                    };
                     println!(
                         "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}",
                         p.node,

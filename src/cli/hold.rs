@@ -143,6 +143,83 @@ pub async fn release(
     .map(|_| ())
 }
 
+/// What one held run came to.
+pub enum HeldRun {
+    /// Not won: the answer says why.
+    NotWon(pb::ClaimResponse),
+    /// Won, ran, released (or tried to). `code` is the command's status.
+    Ran {
+        claim: pb::ClaimResponse,
+        code: i32,
+        succeeded: bool,
+    },
+    /// Won, but the lease was lost while the command ran; it was stopped.
+    LeaseLost(pb::ClaimResponse),
+    /// Won, and we were asked to stop; the command was stopped and the run
+    /// released as FAILED.
+    Stopped(pb::ClaimResponse),
+}
+
+/// Claims through a `Hold` stream; if won, runs `cmd` while the sidecar
+/// renews, then releases by exit status. Shared by `hold` and `cron`.
+pub async fn hold_run(
+    c: &mut ClaimsClient,
+    req: pb::ClaimRequest,
+    cmd: &[String],
+    grace: Duration,
+) -> Result<HeldRun, tonic::Status> {
+    let job = req.job.clone();
+    let slot = req.slot_ms;
+    let mut stream = c.hold(req).await?.into_inner();
+    let first = match stream.message().await? {
+        Some(ev) => ev.claim.unwrap_or_default(),
+        None => {
+            return Err(tonic::Status::unavailable(
+                "the sidecar closed the hold stream without an answer",
+            ))
+        }
+    };
+    if first.outcome != pb::Outcome::Won as i32 {
+        return Ok(HeldRun::NotWon(first));
+    }
+    let ended = match run_held(cmd, &job, &first, slot, &mut stream, grace).await {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("anarchon: cannot run {cmd:?}: {e}");
+            let _ = release(c, &job, slot, &first.token, false).await;
+            return Ok(HeldRun::Ran {
+                claim: first,
+                code: 127,
+                succeeded: false,
+            });
+        }
+    };
+    let out = match ended {
+        Ended::LeaseLost => return Ok(HeldRun::LeaseLost(first)),
+        Ended::Exited(code) => {
+            let succeeded = code == 0;
+            if let Err(st) = release(c, &job, slot, &first.token, succeeded).await {
+                eprintln!(
+                    "anarchon: release failed: {:?}: {}",
+                    st.code(),
+                    st.message()
+                );
+            }
+            HeldRun::Ran {
+                claim: first,
+                code,
+                succeeded,
+            }
+        }
+        Ended::Stopped => {
+            let _ = release(c, &job, slot, &first.token, false).await;
+            HeldRun::Stopped(first)
+        }
+    };
+    drop(stream);
+    Ok(out)
+}
+
 pub async fn hold(a: HoldArgs) -> ExitCode {
     let json = a.client.json;
     let req = match a.claim.request() {
@@ -159,56 +236,42 @@ pub async fn hold(a: HoldArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut stream = match c.hold(req).await {
-        Ok(s) => s.into_inner(),
-        Err(st) => return print_status(json, &st),
-    };
-    let first = match stream.message().await {
-        Ok(Some(ev)) => ev.claim.unwrap_or_default(),
-        Ok(None) => {
-            eprintln!("anarchon: the sidecar closed the hold stream without an answer");
-            return ExitCode::FAILURE;
+    let (job, slot) = (a.claim.job.as_str(), a.claim.slot);
+    let show = |r: &pb::ClaimResponse| {
+        if json {
+            println!("{}", claim_json(r));
+        } else {
+            eprintln!("{}", claim_text(job, slot, r));
         }
-        Err(st) => return print_status(json, &st),
     };
-    let job = a.claim.job.as_str();
-    let slot = a.claim.slot;
-    if json {
-        println!("{}", claim_json(&first));
-    } else {
-        eprintln!("{}", claim_text(job, slot, &first));
-    }
-    if first.outcome != pb::Outcome::Won as i32 {
-        return ExitCode::from(EXIT_NOT_WON);
-    }
     let grace = Duration::from_millis(a.grace_ms);
-    let ended = match run_held(&a.command, job, &first, slot, &mut stream, grace).await {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("anarchon: cannot run {:?}: {e}", a.command);
-            let _ = release(&mut c, job, slot, &first.token, false).await;
-            return ExitCode::FAILURE;
+    match hold_run(&mut c, req, &a.command, grace).await {
+        Err(st) => print_status(json, &st),
+        Ok(HeldRun::NotWon(r)) => {
+            show(&r);
+            ExitCode::from(EXIT_NOT_WON)
         }
-    };
-    let (succeeded, code) = match ended {
-        Ended::Exited(code) => (code == 0, code),
-        Ended::LeaseLost => return ExitCode::from(EXIT_LEASE_LOST),
-        Ended::Stopped => (false, 143),
-    };
-    let released = release(&mut c, job, slot, &first.token, succeeded).await;
-    drop(stream);
-    if let Err(st) = &released {
-        eprintln!(
-            "anarchon: release failed: {:?}: {}",
-            st.code(),
-            st.message()
-        );
+        Ok(HeldRun::LeaseLost(r)) => {
+            show(&r);
+            ExitCode::from(EXIT_LEASE_LOST)
+        }
+        Ok(HeldRun::Stopped(r)) => {
+            show(&r);
+            ExitCode::from(143)
+        }
+        Ok(HeldRun::Ran {
+            claim,
+            code,
+            succeeded,
+        }) => {
+            show(&claim);
+            if json {
+                println!(
+                    "{}",
+                    json!({"exit_code": code, "result": if succeeded {"SUCCEEDED"} else {"FAILED"}})
+                );
+            }
+            ExitCode::from(code.clamp(0, 255) as u8)
+        }
     }
-    if json {
-        println!(
-            "{}",
-            json!({"exit_code": code, "result": if succeeded {"SUCCEEDED"} else {"FAILED"}, "released": released.is_ok()})
-        );
-    }
-    ExitCode::from(code.clamp(0, 255) as u8)
 }

@@ -6,6 +6,7 @@
 
 pub mod bench;
 mod client;
+pub mod cron;
 mod hold;
 mod serve;
 
@@ -26,7 +27,7 @@ pub const EXIT_LEASE_LOST: u8 = 4;
     name = "anarchon",
     version,
     about = "Tells a fleet who owns a piece of work and who is alive.",
-    after_help = "Run `anarchon serve` next to each application instance (SQLite, no setup), then e.g.\n  anarchon claim nightly-report --slot now\n  anarchon hold nightly-report --slot now -- ./report.sh"
+    after_help = "Run `anarchon serve` next to each application instance (SQLite, no setup), then e.g.\n  anarchon claim nightly-report --slot now\n  anarchon hold nightly-report --slot now -- ./report.sh\n  anarchon cron '*/5 * * * *' --job nightly-report --tz Europe/Prague --max-late 30s --lease 2m --overlap skip -- ./report.sh"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -47,6 +48,8 @@ pub enum Command {
     History(client::HistoryArgs),
     /// Claim, run CMD while renewing, release with its exit status.
     Hold(hold::HoldArgs),
+    /// Run CMD once per tick of a cron schedule across the whole fleet.
+    Cron(cron::CronArgs),
     /// List this sidecar's view of the mesh.
     Peers(client::PeersArgs),
     /// Measure claims/s and latency through the sidecar against the raw store step.
@@ -65,6 +68,14 @@ pub struct ClientOpts {
     /// A file holding the bearer token the sidecar requires.
     #[arg(long, env = "ANARCHON_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// Connect over TLS, trusting this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a sidecar that requires mTLS.
+    #[arg(long, value_name = "FILE", requires = "tls_client_key")]
+    pub tls_client_cert: Option<PathBuf>,
+    #[arg(long, value_name = "FILE", requires = "tls_client_cert")]
+    pub tls_client_key: Option<PathBuf>,
 }
 
 pub fn main(cli: Cli) -> ExitCode {
@@ -85,6 +96,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Release(a) => rt.block_on(client::release(a)),
         Command::History(a) => rt.block_on(client::history(a)),
         Command::Hold(a) => rt.block_on(hold::hold(a)),
+        Command::Cron(a) => rt.block_on(cron::cron(a)),
         Command::Peers(a) => rt.block_on(client::peers(a)),
         Command::Bench(a) => rt.block_on(bench::bench(a)),
     }

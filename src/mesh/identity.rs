@@ -62,7 +62,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> IdentityError + '_ {
 }
 
 /// Writes `contents` to `path` atomically: temp file, fsync, rename, fsync dir.
-fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), IdentityError> {
+pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), IdentityError> {
     let tmp = path.with_extension("tmp");
     {
         let mut opts = OpenOptions::new();
@@ -103,6 +103,16 @@ impl Identity {
     /// An identity that lives only in memory (tests, benchmarks).
     pub fn ephemeral(instance: u64) -> Identity {
         let key = SigningKey::generate(&mut rand::rngs::OsRng);
+        Identity {
+            node: node_id(&key.verifying_key()),
+            key,
+            instance,
+        }
+    }
+
+    /// A deterministic identity from a seed (fuzzing, simulations).
+    pub fn from_seed(seed: [u8; 32], instance: u64) -> Identity {
+        let key = SigningKey::from_bytes(&seed);
         Identity {
             node: node_id(&key.verifying_key()),
             key,

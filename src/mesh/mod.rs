@@ -1,5 +1,15 @@
-//! The mesh: identity now; heartbeats, liveness and links plug in here.
+//! The mesh: who is alive, on local monotonic clocks only (SPEC §4).
+//!
+//! * [`identity`]: the Ed25519 node key and the instance generation.
+//! * [`marks`]: signed beats and hellos; verification; refusal reasons.
+//! * [`table`]: the pure liveness table (marks in, states out).
+//! * [`node`]: the I/O around it: beats, `Sync` links, dialing with backoff,
+//!   discovery (static, DNS, gossip), persistence, events for `WatchPeers`.
 
 pub mod identity;
+pub mod marks;
+pub mod node;
+pub mod table;
 
 pub use identity::Identity;
+pub use node::{Mesh, MeshConfig};

@@ -1,4 +1,5 @@
-//! The admin HTTP server: `/healthz`, `/readyz`, `/metrics`.
+//! The admin HTTP server: `/healthz`, `/readyz`, `/metrics`,
+//! `/api/v1/mesh/state`.
 
 use std::sync::Arc;
 
@@ -8,13 +9,18 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
+use super::auth::Auth;
 use super::metrics::Metrics;
+use crate::mesh::Mesh;
 use crate::store::DynStore;
 
 #[derive(Clone)]
 pub struct AdminState {
     pub store: DynStore,
     pub metrics: Arc<Metrics>,
+    pub mesh: Arc<Mesh>,
+    /// `/api/*` sits behind the application bearer token when one is set.
+    pub auth: Auth,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -22,6 +28,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/api/v1/mesh/state", get(mesh_state))
         .with_state(state)
 }
 
@@ -38,7 +45,19 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     }
 }
 
+async fn mesh_state(
+    State(s): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let md = tonic::metadata::MetadataMap::from_headers(headers);
+    if s.auth.check(&md).is_err() {
+        return (StatusCode::UNAUTHORIZED, "unauthenticated\n").into_response();
+    }
+    axum::Json(s.mesh.state_json()).into_response()
+}
+
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    s.metrics.sync_mesh(&s.mesh.counters());
     (
         [(
             header::CONTENT_TYPE,

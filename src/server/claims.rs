@@ -25,18 +25,6 @@ pub trait Liveness: Send + Sync + 'static {
     fn dead_holders(&self) -> DeadHolders;
 }
 
-/// Without a mesh, the only thing known for sure is that older instances of
-/// this node are dead (it restarted).
-pub struct SelfOnly(pub Holder);
-
-impl Liveness for SelfOnly {
-    fn dead_holders(&self) -> DeadHolders {
-        let mut d = DeadHolders::none();
-        d.set_current(&self.0.node, self.0.instance);
-        d
-    }
-}
-
 /// Everything the Claims service needs.
 pub struct ClaimsState {
     pub store: DynStore,
@@ -44,17 +32,85 @@ pub struct ClaimsState {
     pub holder: Holder,
     pub metrics: Arc<Metrics>,
     pub liveness: Arc<dyn Liveness>,
-    /// Bumped whenever a run is released or a lease ended here, to wake waiters.
+    /// Bumped whenever a run is released or a lease ended (here or, through
+    /// the mesh, at a peer) or a holder died, to wake waiters.
     pub changed: watch::Sender<u64>,
+    /// The mesh, to nudge peers' waiters when a run is released here.
+    pub mesh: Option<Arc<crate::mesh::Mesh>>,
     /// How often a waiter re-checks the store without a local notification.
     pub poll: Duration,
     /// Flips to true when the sidecar starts draining.
     pub shutdown: watch::Receiver<bool>,
+    /// Open `Hold` streams per client address.
+    pub holds: HoldLimiter,
+}
+
+/// Bounds the open `Hold` streams per client address.
+pub struct HoldLimiter {
+    max: usize,
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// Releases one `Hold` slot when dropped.
+pub struct HoldPermit {
+    limiter: Arc<ClaimsState>,
+    ip: Option<std::net::IpAddr>,
+}
+
+impl HoldLimiter {
+    pub fn new(max: usize) -> Self {
+        HoldLimiter {
+            max,
+            open: Default::default(),
+        }
+    }
 }
 
 impl ClaimsState {
-    fn notify(&self) {
+    fn hold_permit(self: &Arc<Self>, ip: Option<std::net::IpAddr>) -> Result<HoldPermit> {
+        if let Some(ip) = ip {
+            let mut open = self.holds.open.lock().unwrap_or_else(|p| p.into_inner());
+            let n = open.entry(ip).or_default();
+            if *n >= self.holds.max {
+                return Err(Error::ResourceExhausted(format!(
+                    "{} open Hold streams from {ip} (max_holds_per_client)",
+                    self.holds.max
+                )));
+            }
+            *n += 1;
+        }
+        Ok(HoldPermit {
+            limiter: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for HoldPermit {
+    fn drop(&mut self) {
+        if let Some(ip) = self.ip {
+            let mut open = self
+                .limiter
+                .holds
+                .open
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = open.get_mut(&ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    open.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+impl ClaimsState {
+    fn notify(&self, job: &Job, slot_ms: SlotMs) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        if let Some(m) = &self.mesh {
+            m.nudge(job.as_str(), slot_ms);
+        }
     }
 
     /// The claim with its optional wait, bounded by the client's deadline.
@@ -253,14 +309,15 @@ impl pb::claims_server::Claims for ClaimsService {
             let res = async {
                 let spec = validate::release(&req)?;
                 let dead = s.liveness.dead_holders();
-                with_deadline(deadline, s.store.release(&spec, &dead)).await
+                with_deadline(deadline, s.store.release(&spec, &dead)).await?;
+                Ok::<_, Error>(spec)
             }
             .await;
             s.observe("release", started);
             match res {
-                Ok(()) => {
+                Ok(spec) => {
                     tracing::Span::current().record("outcome", "released");
-                    s.notify();
+                    s.notify(&spec.job, spec.slot_ms);
                     Ok(Response::new(pb::ReleaseResponse {}))
                 }
                 Err(e) => {
@@ -282,6 +339,9 @@ impl pb::claims_server::Claims for ClaimsService {
         let s = self.0.clone();
         let started = Instant::now();
         let deadline = deadline(&request);
+        let permit = s
+            .hold_permit(request.remote_addr().map(|a| a.ip()))
+            .map_err(|e| s.fail(e))?;
         let req = request.into_inner();
         let span = tracing::info_span!("hold", job = %req.job, slot = req.slot_ms, outcome = Empty);
         let (v, answer) = async {
@@ -314,11 +374,20 @@ impl pb::claims_server::Claims for ClaimsService {
         // The channel is fresh and has room: this cannot block.
         let _ = tx.try_send(Ok(first));
         if answer.outcome == Outcome::Won && s.store.info().leases {
-            tokio::spawn(keep_renewing(s, v.spec, answer.lease_until_ms, tx).instrument(span));
+            tokio::spawn(
+                async move {
+                    keep_renewing(s, v.spec, answer.lease_until_ms, tx).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
         } else if answer.outcome == Outcome::Won {
             // Once backends have nothing to renew: the stream stays open
             // until the client closes it.
-            tokio::spawn(async move { tx.closed().await });
+            tokio::spawn(async move {
+                tx.closed().await;
+                drop(permit);
+            });
         }
         Ok(Response::new(
             Box::pin(ReceiverStream::new(rx)) as HoldStream
@@ -445,7 +514,7 @@ async fn keep_renewing(
         {
             Ok(true) => {
                 tracing::info!("hold stream broke without release; lease ended");
-                s.notify();
+                s.notify(&spec.job, spec.slot_ms);
             }
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "could not end the lease of a broken hold"),

@@ -1,36 +1,19 @@
-//! The `anarchon.v1.Mesh` service. Until the mesh lands, `ListPeers` shows
-//! this runtime alone and the streaming RPCs answer `UNIMPLEMENTED`.
+//! The `anarchon.v1.Mesh` service: thin over [`crate::mesh::Mesh`].
 
 use std::pin::Pin;
-use std::time::Instant;
+use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
+use super::auth::Auth;
+use crate::mesh::Mesh;
 use crate::proto as pb;
 
+/// `WatchPeers` and `ListPeers` are application calls (bearer token);
+/// `Sync` is the peer link (mesh secret and proof of key).
 pub struct MeshService {
-    pub node: String,
-    pub instance: u64,
-    pub address: String,
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub started: Instant,
-}
-
-impl MeshService {
-    pub fn self_peer(&self) -> pb::Peer {
-        pb::Peer {
-            node: self.node.clone(),
-            instance: self.instance,
-            restarts: 0,
-            address: self.address.clone(),
-            state: pb::PeerState::Alive as i32,
-            link: pb::Link::Unspecified as i32,
-            beat: 0,
-            beat_age_ms: 0,
-            labels: self.labels.clone().into_iter().collect(),
-            node_name: self.labels.get("node_name").cloned().unwrap_or_default(),
-        }
-    }
+    pub mesh: Arc<Mesh>,
+    pub auth: Auth,
 }
 
 type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::PeerEvent, Status>> + Send>>;
@@ -42,27 +25,33 @@ impl pb::mesh_server::Mesh for MeshService {
 
     async fn watch_peers(
         &self,
-        _: Request<pb::WatchPeersRequest>,
+        request: Request<pb::WatchPeersRequest>,
     ) -> Result<Response<EventStream>, Status> {
-        Err(Status::unimplemented("the mesh is not in this build yet"))
+        self.auth.check(request.metadata())?;
+        let include_expired = request.into_inner().include_expired;
+        Ok(Response::new(Box::pin(self.mesh.watch(include_expired))))
     }
 
     async fn list_peers(
         &self,
-        _: Request<pb::ListPeersRequest>,
+        request: Request<pb::ListPeersRequest>,
     ) -> Result<Response<pb::ListPeersResponse>, Status> {
-        Ok(Response::new(pb::ListPeersResponse {
-            self_: Some(self.self_peer()),
-            peers: Vec::new(),
-        }))
+        self.auth.check(request.metadata())?;
+        Ok(Response::new(self.mesh.list()))
     }
 
     type SyncStream = FrameStream;
 
     async fn sync(
         &self,
-        _: Request<Streaming<pb::SyncFrame>>,
+        request: Request<Streaming<pb::SyncFrame>>,
     ) -> Result<Response<FrameStream>, Status> {
-        Err(Status::unimplemented("the mesh is not in this build yet"))
+        let remote = request.remote_addr();
+        let stream = self
+            .mesh
+            .clone()
+            .accept(request.into_inner(), remote)
+            .await?;
+        Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -23,6 +23,16 @@ pub struct RpcLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: &'static str,
 }
@@ -37,6 +47,10 @@ pub struct Metrics {
     pub errors: Family<KindLabels, Counter>,
     pub holds_open: Gauge,
     pub store_up: Gauge,
+    pub peers: Family<StateLabels, Gauge>,
+    pub links: Family<StateLabels, Gauge>,
+    pub beats: Counter,
+    pub refused: Family<ReasonLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -75,8 +89,28 @@ impl Default for Metrics {
             "1 when the last store check succeeded",
             store_up.clone(),
         );
+        let peers = Family::<StateLabels, Gauge>::default();
+        r.register("peers", "Known runtimes by state", peers.clone());
+        let links = Family::<StateLabels, Gauge>::default();
+        r.register("links", "Sync links by state", links.clone());
+        let beats = Counter::default();
+        r.register(
+            "beats_received",
+            "Newer marks accepted from peers",
+            beats.clone(),
+        );
+        let refused = Family::<ReasonLabels, Counter>::default();
+        r.register(
+            "mesh_refused",
+            "Marks, frames and hellos refused, by reason",
+            refused.clone(),
+        );
         Metrics {
             registry: Mutex::new(r),
+            peers,
+            links,
+            beats,
+            refused,
             claims,
             rpc_seconds,
             renewals,
@@ -97,6 +131,23 @@ impl Metrics {
             let _ = encode(&mut out, &r);
         }
         out
+    }
+
+    /// Brings the mesh figures up to date (called at scrape time).
+    pub fn sync_mesh(&self, c: &crate::mesh::node::MeshCounters) {
+        for state in ["ALIVE", "UNREACHABLE", "EXPIRED", "LEFT"] {
+            let n = c.peers.get(state).copied().unwrap_or(0);
+            self.peers.get_or_create(&StateLabels { state }).set(n);
+        }
+        for state in ["CONNECTED", "UNREACHABLE"] {
+            let n = c.links.get(state).copied().unwrap_or(0);
+            self.links.get_or_create(&StateLabels { state }).set(n);
+        }
+        self.beats.inc_by(c.beats.saturating_sub(self.beats.get()));
+        for (reason, n) in &c.drops {
+            let ctr = self.refused.get_or_create(&ReasonLabels { reason });
+            ctr.inc_by(n.saturating_sub(ctr.get()));
+        }
     }
 
     pub fn record_error(&self, e: &crate::Error) {

@@ -8,26 +8,28 @@
 //! over), and in-flight requests drain for up to `drain_ms`.
 
 pub mod admin;
+pub mod auth;
 pub mod claims;
 pub mod mesh;
 pub mod metrics;
+pub mod tls;
 pub mod validate;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::mesh::Identity;
+use crate::mesh::{Identity, Mesh, MeshConfig};
 use crate::proto as pb;
 use crate::store::{self, StoreOptions};
 use crate::Config;
 
-pub use claims::{ClaimsService, ClaimsState, Liveness, SelfOnly};
+pub use claims::{ClaimsService, ClaimsState, Liveness};
 
 /// The bound sockets the sidecar serves on.
 pub struct Listeners {
@@ -73,19 +75,51 @@ pub async fn run(
         .with_context(|| format!("cannot open backend {}", redact(&url)))?;
     tracing::info!(backend = store.info().backend, "store ready");
 
+    let advertise = if cfg.advertise.is_empty() {
+        grpc_addr.to_string()
+    } else {
+        cfg.advertise.clone()
+    };
+    let secret = cfg
+        .mesh_secret_file
+        .as_deref()
+        .map(|p| auth::read_secret("mesh_secret_file", p))
+        .transpose()?;
+    let app_auth = auth::Auth::new(
+        cfg.auth_token_file
+            .as_deref()
+            .map(|p| auth::read_secret("auth_token_file", p))
+            .transpose()?,
+    );
+    let tls = tls::load(&cfg)?;
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let (mesh_stop_tx, mesh_stop_rx) = watch::channel(false);
+    let (changed, _) = watch::channel(0u64);
+    let mesh = Mesh::start(
+        identity.clone(),
+        MeshConfig::from_config(
+            &cfg,
+            advertise,
+            secret,
+            tls.as_ref().map(|t| t.peer_client.clone()),
+        ),
+        mesh_stop_rx,
+        changed.clone(),
+    );
+
     let metrics = Arc::new(metrics::Metrics::default());
     metrics.store_up.set(1);
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let (changed, _) = watch::channel(0u64);
     let state = Arc::new(ClaimsState {
         store: store.clone(),
         defaults: validate::ClaimDefaults::from_config(&cfg),
         holder: holder.clone(),
         metrics: metrics.clone(),
-        liveness: Arc::new(SelfOnly(holder.clone())),
+        liveness: mesh.clone(),
+        mesh: Some(mesh.clone()),
         changed,
         poll: Duration::from_millis(cfg.heartbeat_ms),
         shutdown: drain_rx,
+        holds: claims::HoldLimiter::new(cfg.max_holds_per_client),
     });
 
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -100,17 +134,9 @@ pub async fn run(
         .build_v1()
         .context("reflection")?;
 
-    let advertise = if cfg.advertise.is_empty() {
-        grpc_addr.to_string()
-    } else {
-        cfg.advertise.clone()
-    };
-    let mesh = mesh::MeshService {
-        node: identity.node.clone(),
-        instance: identity.instance,
-        address: advertise,
-        labels: cfg.label.clone(),
-        started: Instant::now(),
+    let mesh_svc = mesh::MeshService {
+        mesh: mesh.clone(),
+        auth: app_auth.clone(),
     };
 
     let pruner = tokio::spawn(store::prune_loop(
@@ -125,9 +151,12 @@ pub async fn run(
         let health = health.clone();
         let store = store.clone();
         let holder = holder.clone();
+        let mesh = mesh.clone();
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("draining");
+            // Tell the peers first, so they stop counting on us at once.
+            mesh.leave().await;
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
@@ -141,17 +170,21 @@ pub async fn run(
                 Err(e) => tracing::warn!(error = %e, "could not end held leases on leave"),
             }
             let _ = stop_tx.send(true);
+            let _ = mesh_stop_tx.send(true);
         });
     }
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let admin_auth = app_auth.clone();
     let admin_task = match listeners.admin {
         Some(l) => {
             let router = admin::router(admin::AdminState {
                 store: store.clone(),
                 metrics: metrics.clone(),
+                mesh: mesh.clone(),
+                auth: admin_auth,
             });
             let stop = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
@@ -161,11 +194,24 @@ pub async fn run(
         None => None,
     };
 
-    let grpc = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(cfg.max_concurrent_per_connection);
+    if let Some(t) = &tls {
+        builder = builder.tls_config(t.server.clone()).context("TLS")?;
+    }
+    let grpc = builder
         .add_service(health_svc)
         .add_service(reflection)
-        .add_service(pb::claims_server::ClaimsServer::new(ClaimsService(state)))
-        .add_service(pb::mesh_server::MeshServer::new(mesh))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            pb::claims_server::ClaimsServer::new(ClaimsService(state))
+                .max_decoding_message_size(cfg.max_request_bytes),
+            app_auth,
+        ))
+        .add_service(
+            pb::mesh_server::MeshServer::new(mesh_svc)
+                .max_decoding_message_size(cfg.max_frame_bytes)
+                .max_encoding_message_size(cfg.max_frame_bytes),
+        )
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listeners.grpc),
             stopped(stop_rx.clone()),

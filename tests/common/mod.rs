@@ -4,7 +4,10 @@
 
 pub mod brokers;
 pub mod contest;
+pub mod inproc;
+pub mod liveness;
 pub mod process;
+pub mod proxy;
 pub mod services;
 pub mod suite;
 
@@ -34,4 +37,24 @@ pub fn spec(job: &Job, slot_ms: i64, h: &Holder) -> ClaimSpec {
         overlap: Overlap::Allow,
         max_attempts: 3,
     }
+}
+
+/// A tiny HTTP/1.1 GET over a raw socket (no HTTP client dependency); returns
+/// the body. `token` adds a bearer token.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str, token: Option<&str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
 }

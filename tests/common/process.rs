@@ -25,7 +25,11 @@ pub struct Sidecar {
 impl Sidecar {
     /// Starts `anarchon serve` with `extra` flags and waits until it answers.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Sidecar {
-        let addr = free_addr();
+        Sidecar::start_at(data_dir, free_addr(), extra)
+    }
+
+    /// Like `start`, on a chosen gRPC address.
+    pub fn start_at(data_dir: &Path, addr: SocketAddr, extra: &[&str]) -> Sidecar {
         let admin = free_addr();
         let mut args: Vec<String> = vec![
             "serve".into(),
@@ -54,7 +58,10 @@ impl Sidecar {
         let log = std::fs::File::create(&self.log).unwrap();
         let child = Command::new(BIN)
             .args(&self.args)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("ANARCHON_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -1,0 +1,921 @@
+//! The mesh runtime: the I/O around the pure [`PeerTable`].
+//!
+//! * a beat loop raises and signs this runtime's beat every heartbeat and
+//!   ticks the table (at a quarter heartbeat) to publish state changes;
+//! * links are `Sync` streams; both ends send a hello (proof of key, mesh
+//!   secret) and then a frame with every known mark each heartbeat;
+//! * dialers redial with jittered exponential backoff from one heartbeat,
+//!   capped at the expiry; the lower node id dials, the other only when
+//!   nothing arrived for 3 heartbeats;
+//! * discovery: `--peer`, `--peer-dns` (re-resolved every 5 heartbeats) and
+//!   addresses learned from gossip; known peers persist in the data dir.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::identity::{write_atomic, Identity};
+use super::marks::{sign_hello, sign_mark, verify_hello, Refusal};
+use super::table::{Change, PeerTable, TableConfig};
+use crate::claim::DeadHolders;
+use crate::proto as pb;
+
+/// Mesh settings, from the config.
+#[derive(Debug, Clone)]
+pub struct MeshConfig {
+    pub heartbeat: Duration,
+    pub expiry: Duration,
+    pub advertise: String,
+    pub labels: BTreeMap<String, String>,
+    pub secret: Option<String>,
+    pub data_dir: PathBuf,
+    pub peers: Vec<String>,
+    pub peer_dns: Vec<String>,
+    pub max_runtimes: usize,
+    pub max_frame_bytes: usize,
+    pub watch_buffer: usize,
+    /// Inbound links accepted at once from one runtime.
+    pub max_links_per_peer: usize,
+    /// TLS for dialing peers (their CA, our certificate), when TLS is on.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
+}
+
+impl MeshConfig {
+    pub fn from_config(
+        c: &crate::Config,
+        advertise: String,
+        secret: Option<String>,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Self {
+        MeshConfig {
+            heartbeat: Duration::from_millis(c.heartbeat_ms),
+            expiry: Duration::from_millis(c.expiry_ms),
+            advertise,
+            labels: c.label.clone(),
+            secret,
+            data_dir: c.data_dir.clone(),
+            peers: c.peer.clone(),
+            peer_dns: c.peer_dns.clone(),
+            max_runtimes: c.max_runtimes,
+            max_frame_bytes: c.max_frame_bytes,
+            watch_buffer: c.watch_buffer,
+            max_links_per_peer: c.max_links_per_peer,
+            tls,
+        }
+    }
+}
+
+/// A live `Sync` stream with another runtime.
+#[derive(Debug, Clone)]
+struct LinkInfo {
+    node: String,
+    address: String,
+    outbound: bool,
+    last_rx: Instant,
+}
+
+pub struct Mesh {
+    id: Arc<Identity>,
+    cfg: MeshConfig,
+    table: Mutex<PeerTable>,
+    events: broadcast::Sender<pb::PeerEvent>,
+    links: Mutex<HashMap<u64, LinkInfo>>,
+    next_link: AtomicU64,
+    beat: AtomicU64,
+    /// Bumped to make every link send a frame now (the leave mark).
+    push: watch::Sender<u64>,
+    dialing: Mutex<HashSet<String>>,
+    self_addrs: Mutex<HashSet<String>>,
+    dns: Mutex<HashSet<String>>,
+    stop: watch::Receiver<bool>,
+    /// Bumped when a peer dies or nudges us: waiters re-check the store.
+    runs_changed: watch::Sender<u64>,
+    nudges: broadcast::Sender<pb::Nudge>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave the table half-updated in
+    // a way that matters more than stopping the mesh would; keep serving.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What is persisted about a known runtime: its last signed mark.
+#[derive(Debug, Serialize, Deserialize)]
+struct KnownPeer {
+    node: String,
+    instance: u64,
+    beat: u64,
+    left: bool,
+    address: String,
+    public_key: String,
+    signature: String,
+    labels: BTreeMap<String, String>,
+}
+
+const PEERS_FILE: &str = "peers.json";
+
+impl Mesh {
+    /// Starts the mesh tasks. They stop when `stop` turns true. The mesh bumps
+    /// `runs_changed` when a runtime dies or a peer nudges us.
+    pub fn start(
+        id: Arc<Identity>,
+        cfg: MeshConfig,
+        stop: watch::Receiver<bool>,
+        runs_changed: watch::Sender<u64>,
+    ) -> Arc<Mesh> {
+        let mut table = PeerTable::new(
+            TableConfig {
+                expiry: cfg.expiry,
+                max_runtimes: cfg.max_runtimes,
+            },
+            &id.node,
+            id.instance,
+        );
+        for m in load_known(&cfg.data_dir) {
+            table.restore(m);
+        }
+        table.set_own(
+            sign_mark(&id, 1, false, &cfg.advertise, &cfg.labels),
+            Instant::now(),
+        );
+        let (events, _) = broadcast::channel(1024);
+        let (push, _) = watch::channel(0u64);
+        let (nudges, _) = broadcast::channel(256);
+        let mut self_addrs = HashSet::new();
+        self_addrs.insert(cfg.advertise.clone());
+        let mesh = Arc::new(Mesh {
+            id,
+            cfg,
+            table: Mutex::new(table),
+            events,
+            links: Mutex::new(HashMap::new()),
+            next_link: AtomicU64::new(1),
+            beat: AtomicU64::new(1),
+            push,
+            dialing: Mutex::new(HashSet::new()),
+            self_addrs: Mutex::new(self_addrs),
+            dns: Mutex::new(HashSet::new()),
+            stop,
+            runs_changed,
+            nudges,
+        });
+        tokio::spawn(mesh.clone().beat_loop());
+        tokio::spawn(mesh.clone().discovery_loop());
+        tokio::spawn(mesh.clone().persist_loop());
+        mesh
+    }
+
+    pub fn node(&self) -> &str {
+        &self.id.node
+    }
+
+    fn stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    // ---- beats and events --------------------------------------------------
+
+    /// Beats on an exact heartbeat period (so a peer's last view of us is at
+    /// most one heartbeat old), and ticks the table every quarter heartbeat
+    /// (so a state change is published at most a quarter heartbeat late).
+    async fn beat_loop(self: Arc<Self>) {
+        let mut beats = tokio::time::interval(self.cfg.heartbeat);
+        beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let quarter = (self.cfg.heartbeat / 4).max(Duration::from_millis(10));
+        let mut ticks = tokio::time::interval(quarter);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stop = self.stop.clone();
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.changed() => return,
+                _ = beats.tick() => self.raise_beat(false, Instant::now()),
+                _ = ticks.tick() => {}
+            }
+            let now = Instant::now();
+            let changes = lock(&self.table).tick(now);
+            self.publish(changes, now);
+        }
+    }
+
+    /// Raises and signs our beat, then makes every link send a frame at
+    /// once: the newest beat leaves with age ≈ 0, so a peer's last view of us
+    /// is never more than one heartbeat old (the lower detection bound).
+    fn raise_beat(&self, left: bool, now: Instant) {
+        let beat = self.beat.fetch_add(1, Ordering::SeqCst) + 1;
+        let m = sign_mark(&self.id, beat, left, &self.cfg.advertise, &self.cfg.labels);
+        lock(&self.table).set_own(m, now);
+        self.push.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn publish(&self, changes: Vec<(String, Change)>, now: Instant) {
+        if changes.is_empty() {
+            return;
+        }
+        if changes
+            .iter()
+            .any(|(_, c)| matches!(c, Change::Expired | Change::Left | Change::Restarted))
+        {
+            self.wake_waiters();
+        }
+        let table = lock(&self.table);
+        for (node, change) in changes {
+            if let Some(peer) = table.peer(&node, now) {
+                match change {
+                    Change::Expired | Change::Restarted | Change::Left => tracing::info!(
+                        peer = %node, instance = peer.instance, change = ?change, "peer changed"
+                    ),
+                    _ => tracing::debug!(peer = %node, change = ?change, "peer changed"),
+                }
+                let _ = self.events.send(pb::PeerEvent {
+                    kind: change.kind() as i32,
+                    peer: Some(peer),
+                });
+            }
+        }
+        if table.duplicate_key_seen() {
+            tracing::error!(
+                node = %self.id.node,
+                "ANOTHER PROCESS IS RUNNING WITH THIS NODE KEY: two runtimes share one data dir or key file; stop one of them"
+            );
+        }
+    }
+
+    fn wake_waiters(&self) {
+        self.runs_changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Tells every linked peer that a run was released or its lease ended
+    /// here, so their waiters re-check at once.
+    pub fn nudge(&self, job: &str, slot_ms: i64) {
+        let _ = self.nudges.send(pb::Nudge {
+            runs: vec![pb::RunRef {
+                job: job.to_owned(),
+                slot_ms,
+            }],
+        });
+    }
+
+    /// Announces a graceful leave: a signed LEFT mark, pushed on every link.
+    pub async fn leave(&self) {
+        self.raise_beat(true, Instant::now());
+        // Give the links a moment to put the frame on the wire.
+        tokio::time::sleep(Duration::from_millis(50).min(self.cfg.heartbeat)).await;
+    }
+
+    // ---- views -----------------------------------------------------------
+
+    pub fn self_peer(&self, now: Instant) -> pb::Peer {
+        let table = lock(&self.table);
+        let (beat, age) = table.own_beat(now);
+        pb::Peer {
+            node: self.id.node.clone(),
+            instance: self.id.instance,
+            restarts: 0,
+            address: self.cfg.advertise.clone(),
+            state: pb::PeerState::Alive as i32,
+            link: pb::Link::Unspecified as i32,
+            beat,
+            labels: self.cfg.labels.clone().into_iter().collect(),
+            node_name: self
+                .cfg
+                .labels
+                .get("node_name")
+                .cloned()
+                .unwrap_or_default(),
+            beat_age_ms: age,
+        }
+    }
+
+    pub fn list(&self) -> pb::ListPeersResponse {
+        let now = Instant::now();
+        pb::ListPeersResponse {
+            self_: Some(self.self_peer(now)),
+            peers: lock(&self.table).peers(now),
+        }
+    }
+
+    /// A `WatchPeers` stream: a SNAPSHOT per runtime, then changes. A watcher
+    /// that falls `watch_buffer` events behind gets RESOURCE_EXHAUSTED.
+    pub fn watch(
+        &self,
+        include_expired: bool,
+    ) -> impl tokio_stream::Stream<Item = Result<pb::PeerEvent, Status>> + Send + 'static {
+        let mut rx = self.events.subscribe();
+        let (tx, out) = mpsc::channel::<pb::PeerEvent>(self.cfg.watch_buffer.max(1));
+        let overflow = Arc::new(Mutex::new(None::<Status>));
+        let now = Instant::now();
+        let snapshot: Vec<pb::Peer> = lock(&self.table)
+            .peers(now)
+            .into_iter()
+            .filter(|p| {
+                include_expired
+                    || matches!(
+                        pb::PeerState::try_from(p.state),
+                        Ok(pb::PeerState::Alive | pb::PeerState::Unreachable)
+                    )
+            })
+            .collect();
+        let fail = overflow.clone();
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            let send = |ev: pb::PeerEvent| -> bool {
+                match tx.try_send(ev) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        *lock(&fail) = Some(Status::resource_exhausted(
+                            "watcher fell behind the mesh; reconnect to get a fresh snapshot",
+                        ));
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                }
+            };
+            for p in snapshot {
+                let ev = pb::PeerEvent {
+                    kind: pb::PeerEventKind::Snapshot as i32,
+                    peer: Some(p),
+                };
+                if !send(ev) {
+                    return;
+                }
+            }
+            loop {
+                let ev = tokio::select! {
+                    ev = rx.recv() => ev,
+                    _ = stop.changed() => return,
+                };
+                match ev {
+                    Ok(ev) => {
+                        if !send(ev) {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        *lock(&fail) = Some(Status::resource_exhausted(
+                            "watcher fell behind the mesh; reconnect to get a fresh snapshot",
+                        ));
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        ReceiverStream::new(out)
+            .map(Ok)
+            .chain(futures::stream::unfold(overflow, |slot| async move {
+                let err = lock(&slot).take();
+                err.map(|e| (Err(e), slot))
+            }))
+    }
+
+    /// Machine-readable mesh state for `/api/v1/mesh/state`.
+    pub fn state_json(&self) -> serde_json::Value {
+        let now = Instant::now();
+        let list = self.list();
+        let peer = |p: &pb::Peer| {
+            serde_json::json!({
+                "node": p.node, "instance": p.instance, "restarts": p.restarts,
+                "address": p.address,
+                "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
+                "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
+                "beat": p.beat, "beat_age_ms": p.beat_age_ms, "labels": p.labels,
+            })
+        };
+        let links: Vec<_> = lock(&self.links)
+            .values()
+            .map(|l| {
+                let quiet = now.saturating_duration_since(l.last_rx);
+                serde_json::json!({
+                    "node": l.node, "address": l.address,
+                    "direction": if l.outbound { "outbound" } else { "inbound" },
+                    "state": if quiet > self.cfg.expiry / 2 { "UNREACHABLE" } else { "CONNECTED" },
+                    "last_rx_ms": quiet.as_millis() as u64,
+                })
+            })
+            .collect();
+        let table = lock(&self.table);
+        let drops: BTreeMap<&str, u64> = table
+            .drops()
+            .iter()
+            .map(|(r, n)| (r.as_str(), *n))
+            .collect();
+        serde_json::json!({
+            "self": list.self_.as_ref().map(peer),
+            "peers": list.peers.iter().map(peer).collect::<Vec<_>>(),
+            "links": links,
+            "refused": drops,
+            "beats_accepted": table.beats_accepted(),
+            "duplicate_node_key": table.duplicate_key_seen(),
+            "heartbeat_ms": self.cfg.heartbeat.as_millis() as u64,
+            "expiry_ms": self.cfg.expiry.as_millis() as u64,
+        })
+    }
+
+    /// Counters for metrics: (peers by state, links by state, drops, beats).
+    pub fn counters(&self) -> MeshCounters {
+        let now = Instant::now();
+        let table = lock(&self.table);
+        let mut peers: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for p in table.peers(now) {
+            let s = pb::PeerState::try_from(p.state)
+                .map(|s| s.as_str_name())
+                .unwrap_or("PEER_STATE_UNSPECIFIED");
+            *peers
+                .entry(s.trim_start_matches("PEER_STATE_"))
+                .or_default() += 1;
+        }
+        let mut links: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for l in lock(&self.links).values() {
+            let s = if now.saturating_duration_since(l.last_rx) > self.cfg.expiry / 2 {
+                "UNREACHABLE"
+            } else {
+                "CONNECTED"
+            };
+            *links.entry(s).or_default() += 1;
+        }
+        MeshCounters {
+            peers,
+            links,
+            drops: table
+                .drops()
+                .iter()
+                .map(|(r, n)| (r.as_str(), *n))
+                .collect(),
+            beats: table.beats_accepted(),
+        }
+    }
+
+    // ---- links -------------------------------------------------------------
+
+    fn link_with(&self, node: &str) -> Option<LinkInfo> {
+        lock(&self.links)
+            .values()
+            .filter(|l| l.node == node)
+            .max_by_key(|l| l.last_rx)
+            .cloned()
+    }
+
+    /// The first frame of a link, which must be a hello (within one expiry).
+    /// Anything else is counted as `no_hello`.
+    async fn first_hello(&self, inbound: &mut Streaming<pb::SyncFrame>) -> Option<pb::Hello> {
+        match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
+            Ok(Ok(Some(pb::SyncFrame {
+                frame: Some(pb::sync_frame::Frame::Hello(h)),
+            }))) => Some(h),
+            _ => {
+                lock(&self.table).count_refusal(Refusal::NoHello);
+                None
+            }
+        }
+    }
+
+    /// Serves an inbound `Sync` stream (the server side of a link).
+    pub async fn accept(
+        self: Arc<Self>,
+        mut inbound: Streaming<pb::SyncFrame>,
+        remote_addr: Option<std::net::SocketAddr>,
+    ) -> Result<
+        impl tokio_stream::Stream<Item = Result<pb::SyncFrame, Status>> + Send + 'static,
+        Status,
+    > {
+        let Some(hello) = self.first_hello(&mut inbound).await else {
+            return Err(Status::invalid_argument(
+                "the first sync frame must be a hello",
+            ));
+        };
+        if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
+            lock(&self.table).count_refusal(r);
+            tracing::warn!(peer = %hello.node, from = ?remote_addr, reason = r.as_str(), "refused a peer");
+            return Err(match r {
+                Refusal::BadSecret => {
+                    Status::unauthenticated(format!("peer refused: {}", r.as_str()))
+                }
+                _ => Status::permission_denied(format!("peer refused: {}", r.as_str())),
+            });
+        }
+        if hello.node == self.id.node {
+            return Err(Status::failed_precondition("self: this address is my own"));
+        }
+        let inbound_links = lock(&self.links)
+            .values()
+            .filter(|l| l.node == hello.node && !l.outbound)
+            .count();
+        if inbound_links >= self.cfg.max_links_per_peer {
+            lock(&self.table).count_refusal(Refusal::TooManyLinks);
+            return Err(Status::resource_exhausted(format!(
+                "{inbound_links} links from this runtime already (max_links_per_peer)"
+            )));
+        }
+        let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
+        let _ = tx.try_send(pb::SyncFrame {
+            frame: Some(pb::sync_frame::Frame::Hello(sign_hello(
+                &self.id,
+                &self.cfg.advertise,
+                self.cfg.secret.as_deref(),
+            ))),
+        });
+        let address = hello.address.clone();
+        tokio::spawn(self.clone().run_link(hello, address, false, inbound, tx));
+        Ok(ReceiverStream::new(rx).map(Ok))
+    }
+
+    /// Runs one link until it breaks, expires, or the mesh stops.
+    async fn run_link<S>(
+        self: Arc<Self>,
+        remote: pb::Hello,
+        address: String,
+        outbound: bool,
+        mut inbound: S,
+        tx: mpsc::Sender<pb::SyncFrame>,
+    ) where
+        S: tokio_stream::Stream<Item = Result<pb::SyncFrame, Status>> + Unpin + Send,
+    {
+        let id = self.next_link.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        lock(&self.links).insert(
+            id,
+            LinkInfo {
+                node: remote.node.clone(),
+                address: address.clone(),
+                outbound,
+                last_rx: now,
+            },
+        );
+        lock(&self.table).touch_direct(&remote.node, now);
+        tracing::debug!(peer = %remote.node, %address, outbound, "link up");
+        // Frames go out when our beat rises (and once now, so a new link
+        // learns everything at once).
+        let mut push = self.push.subscribe();
+        let mut nudges = self.nudges.subscribe();
+        let mut stop = self.stop.clone();
+        let mut last_rx = now;
+        if !self.send_frame(&tx) {
+            lock(&self.links).remove(&id);
+            return;
+        }
+        loop {
+            let expires = tokio::time::Instant::from_std(last_rx + self.cfg.expiry);
+            tokio::select! {
+                _ = push.changed() => {
+                    if !self.send_frame(&tx) { break; }
+                }
+                nudge = nudges.recv() => {
+                    if let Ok(n) = nudge {
+                        let frame = pb::SyncFrame { frame: Some(pb::sync_frame::Frame::Nudge(n)) };
+                        if matches!(tx.try_send(frame), Err(mpsc::error::TrySendError::Closed(_))) {
+                            break;
+                        }
+                    }
+                }
+                msg = inbound.next() => match msg {
+                    Some(Ok(frame)) => {
+                        last_rx = Instant::now();
+                        if let Some(l) = lock(&self.links).get_mut(&id) {
+                            l.last_rx = last_rx;
+                        }
+                        self.take_frame(&remote.node, frame, last_rx);
+                    }
+                    Some(Err(st)) => {
+                        if st.code() == tonic::Code::OutOfRange || st.message().contains("too large") {
+                            lock(&self.table).count_refusal(Refusal::FrameTooLarge);
+                        }
+                        tracing::debug!(peer = %remote.node, error = %st, "link broke");
+                        break;
+                    }
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(expires) => {
+                    tracing::info!(peer = %remote.node, "link expired: nothing received for one expiry");
+                    break;
+                }
+                _ = stop.changed() => {
+                    // Send the last frame (it carries our LEFT mark, if any).
+                    self.send_frame(&tx);
+                    break;
+                }
+            }
+        }
+        lock(&self.links).remove(&id);
+        tracing::debug!(peer = %remote.node, "link down");
+    }
+
+    fn send_frame(&self, tx: &mpsc::Sender<pb::SyncFrame>) -> bool {
+        let marks = lock(&self.table).frame_marks(Instant::now());
+        let frame = pb::SyncFrame {
+            frame: Some(pb::sync_frame::Frame::Marks(pb::Marks { marks })),
+        };
+        match tx.try_send(frame) {
+            Ok(()) => true,
+            // A slow peer misses a frame rather than slowing us down.
+            Err(mpsc::error::TrySendError::Full(_)) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    fn take_frame(&self, from: &str, frame: pb::SyncFrame, now: Instant) {
+        let marks = match frame.frame {
+            Some(pb::sync_frame::Frame::Marks(m)) => m.marks,
+            Some(pb::sync_frame::Frame::Hello(_)) => return,
+            Some(pb::sync_frame::Frame::Nudge(_)) => {
+                self.wake_waiters();
+                return;
+            }
+            None => {
+                lock(&self.table).count_refusal(Refusal::Malformed);
+                return;
+            }
+        };
+        let mut changes = Vec::new();
+        {
+            let mut table = lock(&self.table);
+            if marks.len() > self.cfg.max_runtimes + 1 {
+                table.count_refusal(Refusal::TooManyRuntimes);
+                return;
+            }
+            table.touch_direct(from, now);
+            for m in &marks {
+                match table.ingest(m, Some(from), now) {
+                    Ok(Some(c)) => changes.push((m.node.clone(), c)),
+                    Ok(None) => {}
+                    Err(r) if r.is_suspicious() => {
+                        tracing::debug!(peer = %from, about = %m.node, reason = r.as_str(), "dropped a mark")
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        self.publish(changes, now);
+    }
+
+    // ---- dialing and discovery ----------------------------------------------
+
+    async fn discovery_loop(self: Arc<Self>) {
+        let mut every = tokio::time::interval(self.cfg.heartbeat);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut n: u64 = 0;
+        let mut stop = self.stop.clone();
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.changed() => return,
+            }
+            if n.is_multiple_of(5) {
+                self.resolve_dns().await;
+            }
+            n += 1;
+            for addr in self.desired_addresses() {
+                let fresh = lock(&self.dialing).insert(addr.clone());
+                if fresh {
+                    tokio::spawn(self.clone().dial_loop(addr));
+                }
+            }
+        }
+    }
+
+    async fn resolve_dns(&self) {
+        let mut found = HashSet::new();
+        for name in &self.cfg.peer_dns {
+            match tokio::net::lookup_host(name.as_str()).await {
+                Ok(addrs) => found.extend(addrs.map(|a| a.to_string())),
+                Err(e) => tracing::debug!(name = %name, error = %e, "peer dns lookup failed"),
+            }
+        }
+        *lock(&self.dns) = found;
+    }
+
+    fn desired_addresses(&self) -> HashSet<String> {
+        let now = Instant::now();
+        let mut out: HashSet<String> = self.cfg.peers.iter().cloned().collect();
+        out.extend(lock(&self.dns).iter().cloned());
+        let horizon = self.cfg.expiry * 10;
+        for (_, addr, age) in lock(&self.table).addresses(now) {
+            // Gossip addresses: keep dialing runtimes seen recently (or
+            // restored from disk) so restarts at the same address rejoin.
+            if !addr.is_empty() && age.is_none_or(|a| a < horizon) {
+                out.insert(addr);
+            }
+        }
+        let selves = lock(&self.self_addrs);
+        out.retain(|a| !selves.contains(a));
+        out
+    }
+
+    async fn dial_loop(self: Arc<Self>, addr: String) {
+        let mut backoff = self.cfg.heartbeat;
+        loop {
+            if self.stopped() || lock(&self.self_addrs).contains(&addr) {
+                break;
+            }
+            if !self.desired_addresses().contains(&addr) {
+                break;
+            }
+            let started = Instant::now();
+            if self.should_dial(&addr) {
+                match self.clone().dial_once(&addr).await {
+                    Ok(()) => {}
+                    Err(DialError::IsSelf) => {
+                        lock(&self.self_addrs).insert(addr.clone());
+                        break;
+                    }
+                    Err(DialError::Other(e)) => {
+                        tracing::debug!(%addr, error = %e, "dial failed")
+                    }
+                }
+                if started.elapsed() >= self.cfg.expiry {
+                    backoff = self.cfg.heartbeat;
+                }
+                let jitter = 0.5 + rand::random::<f64>();
+                let nap = backoff.mul_f64(jitter).min(self.cfg.expiry);
+                backoff = (backoff * 2).min(self.cfg.expiry);
+                tokio::time::sleep(nap).await;
+            } else {
+                tokio::time::sleep(self.cfg.heartbeat).await;
+            }
+        }
+        lock(&self.dialing).remove(&addr);
+    }
+
+    /// The lower node id dials; the higher one only when nothing arrived from
+    /// the lower for 3 heartbeats.
+    fn should_dial(&self, addr: &str) -> bool {
+        let node = {
+            let table = lock(&self.table);
+            table
+                .addresses(Instant::now())
+                .into_iter()
+                .find(|(_, a, _)| a == addr)
+                .map(|(n, _, _)| n)
+        };
+        let Some(node) = node else { return true };
+        if let Some(l) = self.link_with(&node) {
+            // Already linked with that runtime: nothing to do.
+            let quiet = Instant::now().saturating_duration_since(l.last_rx);
+            if quiet <= self.cfg.heartbeat * 3 {
+                return false;
+            }
+        }
+        node > self.id.node || self.link_with(&node).is_none()
+    }
+
+    async fn dial_once(self: Arc<Self>, addr: &str) -> Result<(), DialError> {
+        let other = |e: &dyn std::fmt::Display| DialError::Other(e.to_string());
+        let scheme = if self.cfg.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| other(&e))?
+            .connect_timeout(self.cfg.heartbeat * 2)
+            .tcp_nodelay(true);
+        if let Some(tls) = &self.cfg.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| other(&e))?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| other(&e))?;
+        let mut client = pb::mesh_client::MeshClient::new(channel)
+            .max_decoding_message_size(self.cfg.max_frame_bytes)
+            .max_encoding_message_size(self.cfg.max_frame_bytes);
+        let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
+        let hello = sign_hello(&self.id, &self.cfg.advertise, self.cfg.secret.as_deref());
+        let _ = tx.try_send(pb::SyncFrame {
+            frame: Some(pb::sync_frame::Frame::Hello(hello)),
+        });
+        let resp = tokio::time::timeout(self.cfg.expiry, client.sync(ReceiverStream::new(rx)))
+            .await
+            .map_err(|e| other(&e))?;
+        let mut inbound = match resp {
+            Ok(r) => r.into_inner(),
+            Err(st) if st.message().starts_with("self") => return Err(DialError::IsSelf),
+            Err(st) => {
+                if matches!(
+                    st.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+                ) {
+                    tracing::warn!(%addr, error = %st.message(), "peer refused us");
+                }
+                return Err(other(&st));
+            }
+        };
+        let Some(hello) = self.first_hello(&mut inbound).await else {
+            return Err(DialError::Other("no hello from the peer".into()));
+        };
+        if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
+            lock(&self.table).count_refusal(r);
+            tracing::warn!(%addr, reason = r.as_str(), "refused the peer we dialed");
+            return Err(DialError::Other(format!("peer refused: {}", r.as_str())));
+        }
+        if hello.node == self.id.node {
+            return Err(DialError::IsSelf);
+        }
+        // One link per pair: the higher node drops its own dial when the
+        // lower one's link is already up.
+        if let Some(l) = self.link_with(&hello.node) {
+            if !l.outbound && self.id.node > hello.node {
+                return Ok(());
+            }
+        }
+        self.run_link(hello, addr.to_owned(), true, inbound, tx)
+            .await;
+        Ok(())
+    }
+
+    // ---- persistence -------------------------------------------------------
+
+    async fn persist_loop(self: Arc<Self>) {
+        let mut every = tokio::time::interval(self.cfg.heartbeat * 5);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stop = self.stop.clone();
+        let mut last = String::new();
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.changed() => {}
+            }
+            let known: Vec<KnownPeer> = lock(&self.table)
+                .known_marks()
+                .into_iter()
+                .map(|m| KnownPeer {
+                    node: m.node,
+                    instance: m.instance,
+                    beat: m.beat,
+                    left: m.left,
+                    address: m.address,
+                    public_key: hex::encode(m.public_key),
+                    signature: hex::encode(m.signature),
+                    labels: m.labels.into_iter().collect(),
+                })
+                .collect();
+            if let Ok(text) = serde_json::to_string_pretty(&known) {
+                if text != last {
+                    if let Err(e) =
+                        write_atomic(&self.cfg.data_dir.join(PEERS_FILE), text.as_bytes(), 0o644)
+                    {
+                        tracing::warn!(error = %e, "cannot persist known peers");
+                    }
+                    last = text;
+                }
+            }
+            if self.stopped() {
+                return;
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+enum DialError {
+    IsSelf,
+    Other(String),
+}
+
+/// Mesh figures for the metrics.
+pub struct MeshCounters {
+    pub peers: BTreeMap<&'static str, i64>,
+    pub links: BTreeMap<&'static str, i64>,
+    pub drops: BTreeMap<&'static str, u64>,
+    pub beats: u64,
+}
+
+impl crate::server::Liveness for Mesh {
+    fn dead_holders(&self) -> DeadHolders {
+        lock(&self.table).dead_holders(Instant::now())
+    }
+}
+
+fn load_known(dir: &std::path::Path) -> Vec<pb::Mark> {
+    let Ok(text) = std::fs::read_to_string(dir.join(PEERS_FILE)) else {
+        return Vec::new();
+    };
+    let known: Vec<KnownPeer> = match serde_json::from_str(&text) {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring a malformed {PEERS_FILE}");
+            return Vec::new();
+        }
+    };
+    known
+        .into_iter()
+        .filter_map(|k| {
+            Some(pb::Mark {
+                node: k.node,
+                instance: k.instance,
+                beat: k.beat,
+                signature: hex::decode(k.signature).ok()?,
+                public_key: hex::decode(k.public_key).ok()?,
+                address: k.address,
+                labels: k.labels.into_iter().collect(),
+                age_ms: 0,
+                left: k.left,
+            })
+        })
+        .collect()
+}

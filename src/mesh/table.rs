@@ -1,0 +1,716 @@
+//! The liveness table: a pure struct. Marks in, `seen_at` out, states
+//! computed from an injected monotonic `now`. No sockets, no clocks of its
+//! own, so every rule is unit-tested with made-up instants.
+//!
+//! Rules (SPEC §4.2):
+//! * a mark is accepted only if it verifies and is newer (higher instance, or
+//!   same instance with a higher beat);
+//! * `seen_at = now - min(age, expiry)`, and never moves backwards for the
+//!   same instance: a relay cannot keep a dead runtime alive past one expiry;
+//! * `ALIVE` while `now - seen_at <= expiry / 2`, `UNREACHABLE` until
+//!   `expiry`, then `EXPIRED`; `LEFT` after a signed leave;
+//! * a higher instance of a known node is a restart (counted); marks of older
+//!   instances are dropped, so a stale mark relayed late never revives one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use super::marks::{verify_mark, Refusal};
+use crate::claim::{DeadHolders, Holder};
+use crate::proto as pb;
+
+/// A change worth telling watchers about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    Joined,
+    Alive,
+    Unreachable,
+    Expired,
+    Restarted,
+    Left,
+}
+
+impl Change {
+    pub fn kind(self) -> pb::PeerEventKind {
+        match self {
+            Change::Joined => pb::PeerEventKind::Joined,
+            Change::Alive => pb::PeerEventKind::Alive,
+            Change::Unreachable => pb::PeerEventKind::Unreachable,
+            Change::Expired => pb::PeerEventKind::Expired,
+            Change::Restarted => pb::PeerEventKind::Restarted,
+            Change::Left => pb::PeerEventKind::Left,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    /// The newest accepted mark (relayed verbatim, with a fresh age).
+    mark: pb::Mark,
+    /// When this runtime's beat was last seen rising; `None` = never fresh
+    /// (restored from disk).
+    seen_at: Option<Instant>,
+    restarts: u32,
+    /// The state last reported, to detect transitions.
+    reported: pb::PeerState,
+    /// Last frame received over a direct link with this runtime.
+    direct_rx: Option<Instant>,
+}
+
+/// Tunables of the table.
+#[derive(Debug, Clone, Copy)]
+pub struct TableConfig {
+    pub expiry: Duration,
+    /// Most runtimes kept (a bound against floods).
+    pub max_runtimes: usize,
+}
+
+pub struct PeerTable {
+    cfg: TableConfig,
+    self_node: String,
+    self_instance: u64,
+    own: Option<(pb::Mark, Instant)>,
+    peers: HashMap<String, Entry>,
+    drops: BTreeMap<Refusal, u64>,
+    beats: u64,
+    /// Marks about our own node from another instance: (instance, beat).
+    foreign_self: Option<(u64, u64)>,
+    duplicate_key: bool,
+}
+
+impl PeerTable {
+    pub fn new(cfg: TableConfig, self_node: &str, self_instance: u64) -> Self {
+        PeerTable {
+            cfg,
+            self_node: self_node.to_owned(),
+            self_instance,
+            own: None,
+            peers: HashMap::new(),
+            drops: BTreeMap::new(),
+            beats: 0,
+            foreign_self: None,
+            duplicate_key: false,
+        }
+    }
+
+    pub fn expiry(&self) -> Duration {
+        self.cfg.expiry
+    }
+
+    /// Records this runtime's own newest mark, made at `now`.
+    pub fn set_own(&mut self, mark: pb::Mark, now: Instant) {
+        self.own = Some((mark, now));
+    }
+
+    pub fn own(&self) -> Option<&pb::Mark> {
+        self.own.as_ref().map(|(m, _)| m)
+    }
+
+    /// Our own beat and how long ago it rose.
+    pub fn own_beat(&self, now: Instant) -> (u64, i64) {
+        match &self.own {
+            Some((m, at)) => (
+                m.beat,
+                now.saturating_duration_since(*at).as_millis() as i64,
+            ),
+            None => (0, 0),
+        }
+    }
+
+    /// Restores a runtime known before a restart: who was there, never
+    /// freshness. It stays `EXPIRED` until it beats again.
+    pub fn restore(&mut self, mark: pb::Mark) {
+        if mark.node == self.self_node || self.peers.contains_key(&mark.node) {
+            return;
+        }
+        if verify_mark(&mark).is_err() {
+            return;
+        }
+        self.peers.insert(
+            mark.node.clone(),
+            Entry {
+                mark,
+                seen_at: None,
+                restarts: 0,
+                reported: pb::PeerState::Expired,
+                direct_rx: None,
+            },
+        );
+    }
+
+    fn drop_mark(&mut self, r: Refusal) -> Refusal {
+        *self.drops.entry(r).or_default() += 1;
+        r
+    }
+
+    /// Takes in one mark, received over a link with `from` at `now`.
+    pub fn ingest(
+        &mut self,
+        mark: &pb::Mark,
+        from: Option<&str>,
+        now: Instant,
+    ) -> Result<Option<Change>, Refusal> {
+        // Cheap checks first: relays repeat the same marks all the time, and a
+        // mark that is not newer is dropped whatever its signature says.
+        if let Some(e) = self.peers.get_mut(&mark.node) {
+            if mark.instance < e.mark.instance {
+                return Err(self.drop_mark(Refusal::StaleInstance));
+            }
+            if mark.instance == e.mark.instance && mark.beat <= e.mark.beat {
+                if from == Some(mark.node.as_str()) {
+                    e.direct_rx = Some(now);
+                }
+                return Err(self.drop_mark(Refusal::NotNewer));
+            }
+        }
+        if let Err(r) = verify_mark(mark) {
+            return Err(self.drop_mark(r));
+        }
+        if mark.node == self.self_node {
+            if mark.instance != self.self_instance {
+                // Another process with our key? Only a *rising* beat of a
+                // foreign instance proves it is alive right now.
+                if matches!(self.foreign_self, Some((i, b)) if i == mark.instance && mark.beat > b)
+                {
+                    self.duplicate_key = true;
+                }
+                if self
+                    .foreign_self
+                    .is_none_or(|(i, b)| (mark.instance, mark.beat) > (i, b))
+                {
+                    self.foreign_self = Some((mark.instance, mark.beat));
+                }
+            }
+            return Err(self.drop_mark(Refusal::AboutSelf));
+        }
+        let expiry = self.cfg.expiry;
+        let age = Duration::from_millis(mark.age_ms.max(0) as u64).min(expiry);
+        let seen = now.checked_sub(age).unwrap_or(now);
+        let direct = from == Some(mark.node.as_str());
+        let change = match self.peers.get_mut(&mark.node) {
+            None => {
+                if self.peers.len() >= self.cfg.max_runtimes {
+                    return Err(self.drop_mark(Refusal::TooManyRuntimes));
+                }
+                let mut e = Entry {
+                    mark: mark.clone(),
+                    seen_at: Some(seen),
+                    restarts: 0,
+                    reported: pb::PeerState::Alive,
+                    direct_rx: direct.then_some(now),
+                };
+                e.reported = state_of(&e, now, expiry);
+                self.peers.insert(mark.node.clone(), e);
+                Change::Joined
+            }
+            Some(e) => {
+                let restarted = mark.instance > e.mark.instance;
+                let before = e.reported;
+                if restarted {
+                    e.restarts = e.restarts.saturating_add(1);
+                    e.seen_at = Some(seen);
+                } else {
+                    // Never move freshness backwards for the same instance.
+                    e.seen_at = Some(e.seen_at.map_or(seen, |s| s.max(seen)));
+                }
+                e.mark = mark.clone();
+                if direct {
+                    e.direct_rx = Some(now);
+                }
+                e.reported = state_of(e, now, expiry);
+                if restarted {
+                    Change::Restarted
+                } else if e.reported == pb::PeerState::Left && before != pb::PeerState::Left {
+                    Change::Left
+                } else if e.reported == pb::PeerState::Alive && before != pb::PeerState::Alive {
+                    Change::Alive
+                } else {
+                    self.beats += 1;
+                    return Ok(None);
+                }
+            }
+        };
+        self.beats += 1;
+        Ok(Some(change))
+    }
+
+    /// Notes that a frame arrived over a direct link with `node`.
+    pub fn touch_direct(&mut self, node: &str, now: Instant) {
+        if let Some(e) = self.peers.get_mut(node) {
+            e.direct_rx = Some(now);
+        }
+    }
+
+    /// Recomputes states; returns the runtimes whose state changed.
+    pub fn tick(&mut self, now: Instant) -> Vec<(String, Change)> {
+        let expiry = self.cfg.expiry;
+        let mut out = Vec::new();
+        for (node, e) in self.peers.iter_mut() {
+            let st = state_of(e, now, expiry);
+            if st != e.reported {
+                e.reported = st;
+                let change = match st {
+                    pb::PeerState::Alive => Change::Alive,
+                    pb::PeerState::Unreachable => Change::Unreachable,
+                    pb::PeerState::Left => Change::Left,
+                    _ => Change::Expired,
+                };
+                out.push((node.clone(), change));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Every mark worth relaying, with ages as seen from here: our own, and
+    /// each runtime seen within the last two expiries (or that left).
+    pub fn frame_marks(&self, now: Instant) -> Vec<pb::Mark> {
+        let expiry = self.cfg.expiry;
+        let mut out = Vec::with_capacity(self.peers.len() + 1);
+        if let Some((m, at)) = &self.own {
+            let mut m = m.clone();
+            m.age_ms = now.saturating_duration_since(*at).as_millis() as i64;
+            out.push(m);
+        }
+        for e in self.peers.values() {
+            let Some(seen) = e.seen_at else { continue };
+            let age = now.saturating_duration_since(seen);
+            if age >= expiry * 2 && !e.mark.left {
+                continue;
+            }
+            let mut m = e.mark.clone();
+            m.age_ms = age.min(expiry).as_millis() as i64;
+            out.push(m);
+        }
+        out
+    }
+
+    /// The peer view of one runtime.
+    pub fn peer(&self, node: &str, now: Instant) -> Option<pb::Peer> {
+        let e = self.peers.get(node)?;
+        let expiry = self.cfg.expiry;
+        let state = state_of(e, now, expiry);
+        let direct = e
+            .direct_rx
+            .is_some_and(|t| now.saturating_duration_since(t) <= expiry / 2);
+        let link = if direct {
+            pb::Link::Direct
+        } else if matches!(state, pb::PeerState::Alive | pb::PeerState::Unreachable) {
+            pb::Link::Relayed
+        } else {
+            pb::Link::None
+        };
+        Some(pb::Peer {
+            node: e.mark.node.clone(),
+            instance: e.mark.instance,
+            restarts: e.restarts,
+            address: e.mark.address.clone(),
+            state: state as i32,
+            link: link as i32,
+            beat: e.mark.beat,
+            beat_age_ms: e
+                .seen_at
+                .map_or(-1, |s| now.saturating_duration_since(s).as_millis() as i64),
+            labels: e.mark.labels.clone(),
+            node_name: e.mark.labels.get("node_name").cloned().unwrap_or_default(),
+        })
+    }
+
+    /// Every known runtime but ourselves, sorted by node.
+    pub fn peers(&self, now: Instant) -> Vec<pb::Peer> {
+        let mut nodes: Vec<&String> = self.peers.keys().collect();
+        nodes.sort();
+        nodes
+            .into_iter()
+            .filter_map(|n| self.peer(n, now))
+            .collect()
+    }
+
+    /// Holders whose runs no longer exclude anyone: expired or left
+    /// instances, and every instance older than the newest known one.
+    pub fn dead_holders(&self, now: Instant) -> DeadHolders {
+        let mut d = DeadHolders::none();
+        d.set_current(&self.self_node, self.self_instance);
+        for e in self.peers.values() {
+            d.set_current(&e.mark.node, e.mark.instance);
+            if matches!(
+                state_of(e, now, self.cfg.expiry),
+                pb::PeerState::Expired | pb::PeerState::Left
+            ) {
+                d.mark_dead(Holder {
+                    node: e.mark.node.clone(),
+                    instance: e.mark.instance,
+                });
+            }
+        }
+        d
+    }
+
+    /// The newest known address of `node`.
+    pub fn address_of(&self, node: &str) -> Option<&str> {
+        self.peers.get(node).map(|e| e.mark.address.as_str())
+    }
+
+    /// Addresses of every known runtime with the time since it was fresh.
+    pub fn addresses(&self, now: Instant) -> Vec<(String, String, Option<Duration>)> {
+        self.peers
+            .values()
+            .map(|e| {
+                (
+                    e.mark.node.clone(),
+                    e.mark.address.clone(),
+                    e.seen_at.map(|s| now.saturating_duration_since(s)),
+                )
+            })
+            .collect()
+    }
+
+    /// The newest marks of every known runtime (for persisting who was there).
+    pub fn known_marks(&self) -> Vec<pb::Mark> {
+        self.peers.values().map(|e| e.mark.clone()).collect()
+    }
+
+    pub fn drops(&self) -> &BTreeMap<Refusal, u64> {
+        &self.drops
+    }
+
+    pub fn beats_accepted(&self) -> u64 {
+        self.beats
+    }
+
+    /// Counts a refusal that happened outside `ingest` (frame or hello level).
+    pub fn count_refusal(&mut self, r: Refusal) {
+        *self.drops.entry(r).or_default() += 1;
+    }
+
+    /// Whether another live process with our node key has been seen.
+    pub fn duplicate_key_seen(&self) -> bool {
+        self.duplicate_key
+    }
+}
+
+fn state_of(e: &Entry, now: Instant, expiry: Duration) -> pb::PeerState {
+    if e.mark.left {
+        return pb::PeerState::Left;
+    }
+    match e.seen_at {
+        None => pb::PeerState::Expired,
+        Some(s) => {
+            let age = now.saturating_duration_since(s);
+            if age >= expiry {
+                pb::PeerState::Expired
+            } else if age > expiry / 2 {
+                pb::PeerState::Unreachable
+            } else {
+                pb::PeerState::Alive
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mesh::identity::Identity;
+    use crate::mesh::marks::sign_mark;
+
+    const EXPIRY: Duration = Duration::from_millis(1500);
+
+    fn table(me: &Identity) -> PeerTable {
+        PeerTable::new(
+            TableConfig {
+                expiry: EXPIRY,
+                max_runtimes: 64,
+            },
+            &me.node,
+            me.instance,
+        )
+    }
+
+    fn mark(id: &Identity, beat: u64, age_ms: i64) -> pb::Mark {
+        let mut m = sign_mark(id, beat, false, "127.0.0.1:9", &Default::default());
+        m.age_ms = age_ms;
+        m
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn state(t: &PeerTable, node: &str, now: Instant) -> pb::PeerState {
+        pb::PeerState::try_from(t.peer(node, now).unwrap().state).unwrap()
+    }
+
+    #[test]
+    fn a_direct_beat_is_alive_until_expiry_then_expired() {
+        let me = Identity::ephemeral(1);
+        let b = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        assert_eq!(
+            t.ingest(&mark(&b, 1, 0), Some(&b.node), t0),
+            Ok(Some(Change::Joined))
+        );
+        assert_eq!(state(&t, &b.node, t0 + ms(750)), pb::PeerState::Alive);
+        assert_eq!(state(&t, &b.node, t0 + ms(751)), pb::PeerState::Unreachable);
+        assert_eq!(
+            state(&t, &b.node, t0 + ms(1499)),
+            pb::PeerState::Unreachable
+        );
+        assert_eq!(state(&t, &b.node, t0 + ms(1500)), pb::PeerState::Expired);
+        assert_eq!(
+            t.tick(t0 + ms(800)),
+            vec![(b.node.clone(), Change::Unreachable)]
+        );
+        assert_eq!(
+            t.tick(t0 + ms(1500)),
+            vec![(b.node.clone(), Change::Expired)]
+        );
+        assert!(
+            t.tick(t0 + ms(1600)).is_empty(),
+            "a transition is reported once"
+        );
+        let dead = t.dead_holders(t0 + ms(1500));
+        assert!(dead.is_dead(&Holder {
+            node: b.node.clone(),
+            instance: 1
+        }));
+        // It beats again: ALIVE, same instance, no restart.
+        assert_eq!(
+            t.ingest(&mark(&b, 2, 0), Some(&b.node), t0 + ms(2000)),
+            Ok(Some(Change::Alive))
+        );
+        let p = t.peer(&b.node, t0 + ms(2000)).unwrap();
+        assert_eq!((p.restarts, p.instance), (0, 1));
+    }
+
+    #[test]
+    fn relay_age_sets_seen_in_the_past() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        // B relays C's beat that B saw 600 ms ago.
+        t.ingest(&mark(&c, 5, 600), Some("b"), t0).unwrap();
+        let p = t.peer(&c.node, t0).unwrap();
+        assert_eq!(p.beat_age_ms, 600);
+        assert_eq!(p.link, pb::Link::Relayed as i32);
+        assert_eq!(state(&t, &c.node, t0 + ms(899)), pb::PeerState::Unreachable);
+        assert_eq!(
+            state(&t, &c.node, t0 + ms(900)),
+            pb::PeerState::Expired,
+            "expiry counts from when the beat rose"
+        );
+    }
+
+    #[test]
+    fn a_huge_age_is_clamped_to_one_expiry() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now() + Duration::from_secs(3600);
+        t.ingest(&mark(&c, 1, i64::MAX), None, t0).unwrap();
+        assert_eq!(t.peer(&c.node, t0).unwrap().beat_age_ms, 1500);
+        assert_eq!(state(&t, &c.node, t0), pb::PeerState::Expired);
+        // A negative age counts as zero.
+        let d = Identity::ephemeral(1);
+        t.ingest(&mark(&d, 1, -5000), None, t0).unwrap();
+        assert_eq!(t.peer(&d.node, t0).unwrap().beat_age_ms, 0);
+    }
+
+    #[test]
+    fn relays_cannot_keep_a_dead_runtime_alive() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.ingest(&mark(&c, 9, 0), Some(&c.node), t0).unwrap();
+        // C dies. Relays keep sending its last beat with ever smaller ages
+        // (a buggy or hostile relay): not newer, so nothing is refreshed.
+        for i in 1..20u64 {
+            let r = t.ingest(&mark(&c, 9, 0), Some("b"), t0 + ms(100 * i));
+            assert_eq!(r, Err(Refusal::NotNewer));
+        }
+        assert_eq!(state(&t, &c.node, t0 + ms(1500)), pb::PeerState::Expired);
+    }
+
+    #[test]
+    fn freshness_never_moves_backwards() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.ingest(&mark(&c, 1, 0), Some(&c.node), t0 + ms(1000))
+            .unwrap();
+        // A newer beat relayed with a large age does not age the entry.
+        t.ingest(&mark(&c, 2, 900), Some("b"), t0 + ms(1100))
+            .unwrap();
+        assert_eq!(t.peer(&c.node, t0 + ms(1100)).unwrap().beat_age_ms, 100);
+    }
+
+    #[test]
+    fn restart_is_detected_counted_and_stale_instances_dropped() {
+        let me = Identity::ephemeral(1);
+        let dir = tempfile::tempdir().unwrap();
+        let old = Identity::load_or_create(dir.path()).unwrap();
+        let new = Identity::load_or_create(dir.path()).unwrap();
+        assert_eq!(old.node, new.node);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.ingest(&mark(&old, 50, 0), Some(&old.node), t0).unwrap();
+        assert_eq!(
+            t.ingest(&mark(&new, 1, 0), Some(&new.node), t0 + ms(10)),
+            Ok(Some(Change::Restarted))
+        );
+        let p = t.peer(&new.node, t0 + ms(10)).unwrap();
+        assert_eq!((p.instance, p.restarts, p.beat), (2, 1, 1));
+        // A late relay of the old instance's mark never brings it back.
+        assert_eq!(
+            t.ingest(&mark(&old, 51, 0), Some("b"), t0 + ms(20)),
+            Err(Refusal::StaleInstance)
+        );
+        assert_eq!(t.peers(t0).len(), 1, "listed once");
+        // The old instance is dead for claims; the new one is not.
+        let dead = t.dead_holders(t0 + ms(20));
+        assert!(dead.is_dead(&Holder {
+            node: old.node.clone(),
+            instance: 1
+        }));
+        assert!(!dead.is_dead(&Holder {
+            node: old.node.clone(),
+            instance: 2
+        }));
+    }
+
+    #[test]
+    fn a_signed_leave_is_left_and_dead() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(4);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.ingest(&mark(&c, 3, 0), Some(&c.node), t0).unwrap();
+        let mut bye = sign_mark(&c, 4, true, "x", &Default::default());
+        bye.age_ms = 0;
+        assert_eq!(
+            t.ingest(&bye, Some(&c.node), t0 + ms(5)),
+            Ok(Some(Change::Left))
+        );
+        assert_eq!(state(&t, &c.node, t0 + ms(5)), pb::PeerState::Left);
+        assert!(t.dead_holders(t0 + ms(5)).is_dead(&Holder {
+            node: c.node.clone(),
+            instance: 4
+        }));
+    }
+
+    #[test]
+    fn forged_and_self_marks_are_dropped_and_counted() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        let mut forged = mark(&c, 2, 0);
+        forged.beat = 3;
+        assert_eq!(t.ingest(&forged, None, t0), Err(Refusal::BadSignature));
+        let mut stolen = mark(&c, 2, 0);
+        stolen.node = me.node.clone();
+        assert_eq!(t.ingest(&stolen, None, t0), Err(Refusal::KeyMismatch));
+        assert_eq!(
+            t.ingest(&mark(&me, 1, 0), None, t0),
+            Err(Refusal::AboutSelf)
+        );
+        assert!(t.peers(t0).is_empty());
+        assert_eq!(t.drops().get(&Refusal::BadSignature), Some(&1));
+        assert_eq!(t.drops().get(&Refusal::KeyMismatch), Some(&1));
+        assert_eq!(t.drops().get(&Refusal::AboutSelf), Some(&1));
+    }
+
+    #[test]
+    fn a_reload_restores_who_was_there_but_no_freshness() {
+        let me = Identity::ephemeral(2);
+        let c = Identity::ephemeral(7);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.restore(mark(&c, 40, 0));
+        let p = t.peer(&c.node, t0).unwrap();
+        assert_eq!(p.state, pb::PeerState::Expired as i32);
+        assert_eq!(p.beat_age_ms, -1);
+        assert!(
+            t.frame_marks(t0).iter().all(|m| m.node != c.node),
+            "not relayed as fresh"
+        );
+        assert!(t.dead_holders(t0).is_dead(&Holder {
+            node: c.node.clone(),
+            instance: 7
+        }));
+        // The same beat again does not revive it; a new beat does.
+        assert_eq!(
+            t.ingest(&mark(&c, 40, 0), Some(&c.node), t0),
+            Err(Refusal::NotNewer)
+        );
+        assert_eq!(
+            t.ingest(&mark(&c, 41, 0), Some(&c.node), t0),
+            Ok(Some(Change::Alive))
+        );
+    }
+
+    #[test]
+    fn wall_clock_skew_between_runtimes_changes_nothing() {
+        // Marks carry no wall-clock time at all: only beats and ages on the
+        // sender's monotonic clock. Two runtimes whose wall clocks differ by
+        // hours produce byte-identical marks for the same beat and age, so the
+        // table must give the same answer. We check that the answer depends
+        // only on (beat, age, local now).
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let t0 = Instant::now();
+        let mut a = table(&me);
+        let mut b = table(&me);
+        let skewed_hours = Duration::from_secs(5 * 3600);
+        a.ingest(&mark(&c, 1, 200), None, t0).unwrap();
+        // The same facts observed by a table whose own clock is far ahead.
+        b.ingest(&mark(&c, 1, 200), None, t0 + skewed_hours)
+            .unwrap();
+        for dt in [0, 500, 1299, 1300, 5000] {
+            assert_eq!(
+                state(&a, &c.node, t0 + ms(dt)),
+                state(&b, &c.node, t0 + skewed_hours + ms(dt))
+            );
+        }
+    }
+
+    #[test]
+    fn duplicate_node_key_is_detected_by_a_rising_foreign_beat() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = Identity::load_or_create(dir.path()).unwrap();
+        let twin = Identity::load_or_create(dir.path()).unwrap();
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.ingest(&mark(&twin, 1, 0), Some("b"), t0).unwrap_err();
+        assert!(!t.duplicate_key_seen(), "one sighting may be an old relay");
+        t.ingest(&mark(&twin, 2, 0), Some("b"), t0 + ms(100))
+            .unwrap_err();
+        assert!(t.duplicate_key_seen());
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let me = Identity::ephemeral(1);
+        let mut t = PeerTable::new(
+            TableConfig {
+                expiry: EXPIRY,
+                max_runtimes: 2,
+            },
+            &me.node,
+            1,
+        );
+        let t0 = Instant::now();
+        for _ in 0..2 {
+            t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0)
+                .unwrap();
+        }
+        assert_eq!(
+            t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0),
+            Err(Refusal::TooManyRuntimes)
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! The binary: config errors exit 64 naming the key, client subcommands and
+//! `hold -- CMD` exit codes, SIGTERM drains and hands held runs over.
+
+mod common;
+
+use std::process::Command;
+
+use common::process::{Sidecar, BIN};
+
+fn anarchon(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+#[test]
+fn bad_config_exits_64_naming_the_key() {
+    let out = anarchon(&["serve", "--heartbeat-ms", "10"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("heartbeat_ms"));
+
+    let out = anarchon(&["serve", "--heartbeat-ms", "1000", "--expiry-ms", "2000"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expiry_ms"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("anarchon.toml");
+    std::fs::write(&f, "listen = \"127.0.0.1:1\"\nbogus_key = 1\n").unwrap();
+    let out = anarchon(&["serve", "--config", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bogus_key"));
+
+    let out = Command::new(BIN)
+        .args(["serve"])
+        .env("ANARCHON_LEASE_MS", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lease_ms"));
+}
+
+#[test]
+fn claim_hold_release_history_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Sidecar::start(dir.path(), &[]);
+    let server = s.addr.to_string();
+    let sv = ["--server", server.as_str()];
+
+    let out = anarchon(
+        &[
+            &["claim", "cli-job", "--slot", "now", "--json"][..],
+            &sv[..],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "WON");
+    let token = v["token"].as_str().unwrap().to_owned();
+
+    // Not won: exit 3.
+    let out = anarchon(&[&["claim", "lock-a"][..], &sv[..]].concat());
+    assert_eq!(out.status.code(), Some(0));
+    let out = anarchon(&[&["claim", "lock-a"][..], &sv[..]].concat());
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("RUNNING"));
+
+    // hold: the command sees the run in its environment and its exit status
+    // becomes ours and the run's result.
+    let marker = dir.path().join("env.txt");
+    let script = format!(
+        "echo \"$ANARCHON_JOB $ANARCHON_SLOT_MS $ANARCHON_ATTEMPT ${{#ANARCHON_TOKEN}}\" > {}; exit 7",
+        marker.display()
+    );
+    let out = anarchon(
+        &[
+            &["hold", "held-job", "--slot", "5000000000000"][..],
+            &sv[..],
+            &["--", "sh", "-c", &script][..],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap().trim(),
+        "held-job 5000000000000 1 32"
+    );
+    let out = anarchon(&[&["history", "held-job", "--json"][..], &sv[..]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["runs"][0]["state"], "FAILED");
+
+    // hold on a run that is held elsewhere does not run the command: exit 3.
+    let out = anarchon(
+        &[
+            &["hold", "lock-a"][..],
+            &sv[..],
+            &[
+                "--",
+                "sh",
+                "-c",
+                &format!("touch {}", dir.path().join("ran").display()),
+            ][..],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(3));
+    assert!(!dir.path().join("ran").exists());
+
+    // release with a wrong token is fenced: exit 1, reason in JSON.
+    let slot = v["runs"][0]["slot_ms"].to_string();
+    let out = anarchon(
+        &[
+            &[
+                "release",
+                "held-job",
+                "--slot",
+                &slot,
+                "--token",
+                &"b".repeat(32),
+                "--json",
+            ][..],
+            &sv[..],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["error"]["reason"], "fenced");
+    drop(token);
+}
+
+#[test]
+fn sigterm_drains_and_hands_held_runs_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let mut a = Sidecar::start(&dir.path().join("a"), &["--backend", &db]);
+    let b = Sidecar::start(&dir.path().join("b"), &["--backend", &db]);
+    let (sa, sb) = (a.addr.to_string(), b.addr.to_string());
+    let out = anarchon(&[
+        "claim",
+        "leaver",
+        "--slot",
+        "0",
+        "--lease-ms",
+        "60000",
+        "--server",
+        &sa,
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = anarchon(&["claim", "leaver", "--slot", "0", "--server", &sb]);
+    assert_eq!(out.status.code(), Some(3), "held by A");
+    let status = a.terminate();
+    assert!(status.success(), "SIGTERM is a clean exit: {status}");
+    let out = anarchon(&["claim", "leaver", "--slot", "0", "--server", &sb, "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["attempt"], 2);
+}

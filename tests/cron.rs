@@ -1,0 +1,325 @@
+//! `anarchon cron` with real sidecars and real cron processes.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::liveness::{Pair, EXPIRY, HB};
+use common::process::{free_addr, Sidecar, BIN};
+
+/// These tests measure time: they take turns.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+struct Cron {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Cron {
+    fn start(
+        dir: &Path,
+        who: &str,
+        server: std::net::SocketAddr,
+        schedule: &str,
+        extra: &[&str],
+        script: &str,
+    ) -> Cron {
+        let log = dir.join(format!("cron-{who}.log"));
+        let child = Command::new(BIN)
+            .args([
+                "cron",
+                schedule,
+                "--server",
+                &server.to_string(),
+                "--retry-ms",
+                "100",
+            ])
+            .args(extra)
+            .args(["--", "sh", "-c", script])
+            .env("WHO", who)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Cron {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Cron {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Lines `WHAT SLOT ATTEMPT WHO NOW_MS` appended by the commands.
+fn runs(file: &Path) -> Vec<(String, i64, u32, String, i64)> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.to_string(),
+                f.get(1)?.parse().ok()?,
+                f.get(2)?.parse().ok()?,
+                f.get(3)?.to_string(),
+                f.get(4)?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn script(file: &Path, body: &str) -> String {
+    let f = file.display();
+    body.replace(
+        "LOG",
+        &format!("echo \"$1 $ANARCHON_SLOT_MS $ANARCHON_ATTEMPT $WHO $(date +%s%3N)\" >> {f}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_run_each_tick_exactly_once() {
+    let _turn = TURN.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", root.path().join("shared.db").display());
+    let addrs: Vec<_> = (0..3).map(|_| free_addr()).collect();
+    let _sidecars: Vec<Sidecar> = (0..3)
+        .map(|i| {
+            let mut f = vec![
+                "--backend".to_string(),
+                db.clone(),
+                "--heartbeat-ms".into(),
+                HB.to_string(),
+                "--expiry-ms".into(),
+                EXPIRY.to_string(),
+            ];
+            for (j, a) in addrs.iter().enumerate() {
+                if j != i {
+                    f.extend(["--peer".into(), a.to_string()]);
+                }
+            }
+            Sidecar::start_at(
+                &root.path().join(format!("s{i}")),
+                addrs[i],
+                &f.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let out = root.path().join("runs.txt");
+    let cmd = script(&out, "set -- run; LOG");
+    let mut crons: Vec<Cron> = ["a", "b", "c"]
+        .iter()
+        .zip(&addrs)
+        .map(|(who, addr)| {
+            Cron::start(
+                root.path(),
+                who,
+                *addr,
+                "* * * * * *",
+                &[
+                    "--job",
+                    "every-second",
+                    "--max-late",
+                    "2s",
+                    "--lease",
+                    "10s",
+                ],
+                &cmd,
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(23)).await;
+    for c in &mut crons {
+        c.terminate();
+    }
+    let mut per_slot: BTreeMap<i64, u32> = BTreeMap::new();
+    for (_, slot, _, _, _) in runs(&out) {
+        *per_slot.entry(slot).or_default() += 1;
+    }
+    let doubles: Vec<_> = per_slot.iter().filter(|(_, &n)| n > 1).collect();
+    assert!(doubles.is_empty(), "ticks run more than once: {doubles:?}");
+    let slots: Vec<i64> = per_slot.keys().copied().collect();
+    assert!(slots.len() >= 20, "only {} ticks ran", slots.len());
+    // Every tick between the first and the last ran somewhere (no gaps).
+    let (first, last) = (slots[0], slots[slots.len() - 1]);
+    assert_eq!(
+        slots.len() as i64,
+        (last - first) / 1000 + 1,
+        "a tick was swallowed: {slots:?}"
+    );
+    for c in &crons {
+        let log = std::fs::read_to_string(&c.log).unwrap();
+        assert!(!log.contains("MISSED"), "{log}");
+    }
+}
+
+async fn failover(kill_sidecar_too: bool) {
+    let _turn = TURN.lock().await;
+    let mut pair = Pair::start(&format!(
+        "sqlite://{}",
+        tempfile::tempdir().unwrap().keep().join("s.db").display()
+    ))
+    .await;
+    let dir = pair.root.path().to_owned();
+    let out = dir.join("runs.txt");
+    let cmd = script(&out, "set -- start; LOG; sleep 2; set -- end; LOG");
+    let args = ["--job", "failover", "--max-late", "20s", "--lease", "30s"];
+    let mut a = Cron::start(&dir, "a", pair.a.addr, "*/4 * * * * *", &args, &cmd);
+    let mut b = Cron::start(&dir, "b", pair.b.addr, "*/4 * * * * *", &args, &cmd);
+    // Wait for the first run to start, and find who runs it.
+    let end = Instant::now() + Duration::from_secs(12);
+    let (slot, who) = loop {
+        if let Some((_, slot, 1, who, _)) = runs(&out).into_iter().find(|r| r.0 == "start") {
+            break (slot, who);
+        }
+        assert!(Instant::now() < end, "no run started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Kill the runner mid-run (and, in the second case, its sidecar too).
+    let killed = Instant::now();
+    if who == "a" {
+        a.kill();
+        if kill_sidecar_too {
+            pair.a.kill();
+        }
+    } else {
+        b.kill();
+        if kill_sidecar_too {
+            pair.b.kill();
+        }
+    }
+    // The survivor takes the tick over as attempt 2 and runs it once.
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = runs(&out);
+        if r.iter().any(|x| x.0 == "end" && x.1 == slot && x.2 == 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "tick {slot} never finished as attempt 2: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = killed.elapsed();
+    let second: Vec<_> = runs(&out)
+        .into_iter()
+        .filter(|x| x.1 == slot && x.2 == 2)
+        .collect();
+    assert_eq!(
+        second.iter().filter(|x| x.0 == "start").count(),
+        1,
+        "{second:?}"
+    );
+    assert_eq!(
+        second.iter().filter(|x| x.0 == "end").count(),
+        1,
+        "{second:?}"
+    );
+    assert_ne!(second[0].3, who, "the survivor ran it");
+    assert!(runs(&out).iter().all(|x| x.2 <= 2), "no third attempt");
+    if !kill_sidecar_too {
+        // The broken Hold stream ended the lease at once.
+        assert!(took < Duration::from_millis(2000 + 1500), "{took:?}");
+    }
+    // History shows attempt 2 for that tick.
+    let survivor = if who == "a" { &pair.b } else { &pair.a };
+    let h = Command::new(BIN)
+        .args([
+            "history",
+            "failover",
+            "--json",
+            "--server",
+            &survivor.addr.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&h.stdout).unwrap();
+    let run = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["slot_ms"] == slot)
+        .unwrap()
+        .clone();
+    assert_eq!(run["attempt"], 2, "{v}");
+    assert_eq!(run["state"], "SUCCEEDED");
+    a.terminate();
+    b.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_runner_is_taken_over_through_its_broken_hold_stream() {
+    failover(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_runner_and_sidecar_are_taken_over_when_the_mesh_expires_them() {
+    failover(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_instance_never_runs_a_burst_of_stale_ticks() {
+    let _turn = TURN.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let s = Sidecar::start(&root.path().join("s"), &[]);
+    let out = root.path().join("runs.txt");
+    let cmd = script(&out, "set -- run; LOG");
+    let mut c = Cron::start(
+        root.path(),
+        "a",
+        s.addr,
+        "* * * * * *",
+        &["--job", "paused", "--max-late", "1s"],
+        &cmd,
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.signal(nix::sys::signal::Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    c.signal(nix::sys::signal::Signal::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.terminate();
+    let r = runs(&out);
+    assert!(r.len() >= 4, "{r:?}");
+    for (_, slot, _, _, at) in &r {
+        assert!(
+            at - slot <= 1000 + 500,
+            "tick {slot} ran {} ms late: a stale tick ran",
+            at - slot
+        );
+    }
+    let log = std::fs::read_to_string(&c.log).unwrap();
+    assert!(log.contains("MISSED"), "missed ticks are reported: {log}");
+    assert_eq!(log.matches("MISSED").count(), 1, "reported once: {log}");
+}

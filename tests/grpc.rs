@@ -1,0 +1,553 @@
+//! End-to-end gRPC tests against an in-process sidecar on port 0.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anarchon::claim::*;
+use anarchon::error::status_reason;
+use anarchon::proto as pb;
+use anarchon::store::{self, StoreOptions};
+use common::inproc::InProc;
+use tonic::Code;
+
+fn req(job: &str, slot: i64) -> pb::ClaimRequest {
+    pb::ClaimRequest {
+        job: job.into(),
+        slot_ms: slot,
+        ..Default::default()
+    }
+}
+
+fn won(r: &pb::ClaimResponse) -> bool {
+    r.outcome == pb::Outcome::Won as i32
+}
+
+fn now() -> i64 {
+    host_now_ms()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_renew_release_history() {
+    let s = InProc::start(|_| {}).await;
+    let mut c = s.claims().await;
+    let slot = now();
+    let a = c.claim(req("report", slot)).await.unwrap().into_inner();
+    assert!(won(&a), "{a:?}");
+    assert_eq!((a.attempt, a.backend.as_str()), (1, "sqlite"));
+    assert_eq!(a.token.len(), 32);
+    assert!(a.valid_for_ms > 29_000 && a.valid_for_ms <= 30_000);
+    let holder = a.holder.clone().unwrap();
+    assert_eq!(holder.node.len(), 32);
+
+    // Another caller is told RUNNING and never sees the token.
+    let b = c.claim(req("report", slot)).await.unwrap().into_inner();
+    assert_eq!(b.outcome, pb::Outcome::Running as i32);
+    assert!(b.token.is_empty());
+    assert_eq!(b.holder, Some(holder));
+
+    // A resend of the same token is WON again, same attempt.
+    let mut again = req("report", slot);
+    again.token = a.token.clone();
+    let r = c.claim(again).await.unwrap().into_inner();
+    assert!(won(&r));
+    assert_eq!((r.attempt, r.fencing), (a.attempt, a.fencing));
+
+    let renewed = c
+        .renew(pb::RenewRequest {
+            job: "report".into(),
+            slot_ms: slot,
+            token: a.token.clone(),
+            lease_ms: 60_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(renewed.lease_until_ms > a.lease_until_ms);
+    assert!(renewed.valid_for_ms > 59_000);
+
+    let rel = pb::ReleaseRequest {
+        job: "report".into(),
+        slot_ms: slot,
+        token: a.token.clone(),
+        result: pb::ReleaseResult::Succeeded as i32,
+    };
+    c.release(rel.clone()).await.unwrap();
+    c.release(rel).await.unwrap(); // idempotent
+
+    let done = c.claim(req("report", slot)).await.unwrap().into_inner();
+    assert_eq!(done.outcome, pb::Outcome::Done as i32);
+    assert_eq!(done.reason, "succeeded");
+
+    // A stale token is fenced, with the machine-readable reason.
+    let st = c
+        .renew(pb::RenewRequest {
+            job: "report".into(),
+            slot_ms: slot,
+            token: a.token.clone(),
+            lease_ms: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), Code::FailedPrecondition);
+    assert_eq!(status_reason(&st).as_deref(), Some("fenced"));
+    let st = c
+        .renew(pb::RenewRequest {
+            job: "report".into(),
+            slot_ms: slot + 1,
+            token: a.token.clone(),
+            lease_ms: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), Code::NotFound);
+
+    let h = c
+        .history(pb::HistoryRequest {
+            job: "report".into(),
+            limit: 10,
+            before_slot_ms: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(h.runs.len(), 1);
+    assert_eq!(h.runs[0].state, pb::RunState::Succeeded as i32);
+    assert!(h.complete);
+    assert!(!h.retention.is_empty());
+}
+
+/// Every bad input is INVALID_ARGUMENT naming the field, and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let s = InProc::start(|c| c.max_lease_ms = 60_000).await;
+    let mut c = s.claims().await;
+    let slot = now();
+    let cases: Vec<(&str, pb::ClaimRequest)> = vec![
+        ("job", req("", slot)),
+        ("job", req(&"x".repeat(201), slot)),
+        ("job", req("bad job", slot)),
+        ("job", req("<script>", slot)),
+        ("slot_ms", req("ok", -1)),
+        (
+            "lease_ms",
+            pb::ClaimRequest {
+                lease_ms: -1,
+                ..req("ok", slot)
+            },
+        ),
+        (
+            "lease_ms",
+            pb::ClaimRequest {
+                lease_ms: 60_001,
+                ..req("ok", slot)
+            },
+        ),
+        (
+            "lease_ms",
+            pb::ClaimRequest {
+                lease_ms: i64::MAX,
+                ..req("ok", slot)
+            },
+        ),
+        (
+            "token",
+            pb::ClaimRequest {
+                token: "not-hex".into(),
+                ..req("ok", slot)
+            },
+        ),
+        (
+            "token",
+            pb::ClaimRequest {
+                token: "A".repeat(32),
+                ..req("ok", slot)
+            },
+        ),
+        (
+            "overlap",
+            pb::ClaimRequest {
+                overlap: 42,
+                ..req("ok", slot)
+            },
+        ),
+        (
+            "max_late_ms",
+            pb::ClaimRequest {
+                max_late_ms: -1,
+                ..req("ok", slot)
+            },
+        ),
+        (
+            "wait_ms",
+            pb::ClaimRequest {
+                wait_ms: -1,
+                ..req("ok", slot)
+            },
+        ),
+    ];
+    for (field, r) in cases {
+        let st = c.claim(r.clone()).await.unwrap_err();
+        assert_eq!(st.code(), Code::InvalidArgument, "{field}: {st:?}");
+        assert!(
+            st.message().contains(field),
+            "{field} not named in {:?}",
+            st.message()
+        );
+        assert_eq!(status_reason(&st).as_deref(), Some(field));
+        // Hold validates the same way.
+        let st = c.hold(r).await.unwrap_err();
+        assert_eq!(st.code(), Code::InvalidArgument);
+    }
+    let st = c
+        .release(pb::ReleaseRequest {
+            job: "ok".into(),
+            slot_ms: slot,
+            token: "a".repeat(32),
+            result: 99,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), Code::InvalidArgument);
+    assert!(st.message().contains("result"));
+    // Nothing was written for the job the bad requests named.
+    let h = c
+        .history(pb::HistoryRequest {
+            job: "ok".into(),
+            limit: 10,
+            before_slot_ms: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(h.runs.is_empty(), "{:?}", h.runs);
+    // And the slot is still free.
+    assert!(won(&c.claim(req("ok", slot)).await.unwrap().into_inner()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_renews_and_a_broken_stream_hands_the_run_over() {
+    let s = InProc::start(|_| {}).await;
+    let mut c = s.claims().await;
+    let slot = now();
+    let mut r = req("held", slot);
+    r.lease_ms = 300;
+    let mut stream = c.hold(r).await.unwrap().into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.kind, pb::HoldEventKind::Claimed as i32);
+    let claim = first.claim.unwrap();
+    assert!(won(&claim));
+    assert!(claim.valid_for_ms > 0 && claim.valid_for_ms <= 300);
+    // Renewals keep it alive past several lease lengths.
+    let mut renewals = 0;
+    let until = Instant::now() + Duration::from_millis(900);
+    while Instant::now() < until {
+        let ev = stream.message().await.unwrap().unwrap();
+        assert_eq!(ev.kind, pb::HoldEventKind::Renewed as i32);
+        assert!(ev.valid_for_ms > 0);
+        renewals += 1;
+    }
+    assert!(renewals >= 3, "renewed {renewals} times");
+    let other = c.claim(req("held", slot)).await.unwrap().into_inner();
+    assert_eq!(other.outcome, pb::Outcome::Running as i32);
+    // The worker dies without a Release: the lease ends at once.
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let r = c.claim(req("held", slot)).await.unwrap().into_inner();
+        if won(&r) {
+            assert_eq!(r.attempt, 2);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run not handed over after the hold stream broke"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_reports_lost_lease_and_release() {
+    let s = InProc::start(|_| {}).await;
+    let mut c = s.claims().await;
+    let slot = now();
+    let mut r = req("lost", slot);
+    r.lease_ms = 300;
+    let mut stream = c.hold(r).await.unwrap().into_inner();
+    let claim = stream.message().await.unwrap().unwrap().claim.unwrap();
+    assert!(won(&claim));
+    // Someone else takes the run over in the store, treating our holder as dead.
+    let store = store::open(&s.backend, &StoreOptions::default())
+        .await
+        .unwrap();
+    let mut dead = DeadHolders::none();
+    let h = claim.holder.clone().unwrap();
+    dead.mark_dead(Holder {
+        node: h.node,
+        instance: h.instance,
+    });
+    let spec = ClaimSpec {
+        job: Job::parse("lost").unwrap(),
+        slot_ms: slot,
+        token: Token::generate(),
+        holder: Holder {
+            node: "thief".into(),
+            instance: 1,
+        },
+        lease_ms: 30_000,
+        max_late_ms: 60_000,
+        overlap: Overlap::Allow,
+        max_attempts: 3,
+    };
+    let taken = store.claim(&spec, &dead).await.unwrap();
+    assert_eq!((taken.outcome, taken.attempt), (Outcome::Won, 2));
+    let lost = loop {
+        let ev = stream
+            .message()
+            .await
+            .unwrap()
+            .expect("stream ended without LOST_LEASE");
+        if ev.kind != pb::HoldEventKind::Renewed as i32 {
+            break ev;
+        }
+    };
+    assert_eq!(lost.kind, pb::HoldEventKind::LostLease as i32);
+    assert_eq!(lost.reason, "fenced");
+    assert!(
+        stream.message().await.unwrap().is_none(),
+        "the stream ends after LOST_LEASE"
+    );
+
+    // A hold that is released reports RELEASED and ends.
+    let mut r = req("released", slot);
+    r.lease_ms = 300;
+    let mut stream = c.hold(r).await.unwrap().into_inner();
+    let claim = stream.message().await.unwrap().unwrap().claim.unwrap();
+    c.release(pb::ReleaseRequest {
+        job: "released".into(),
+        slot_ms: slot,
+        token: claim.token,
+        result: pb::ReleaseResult::Failed as i32,
+    })
+    .await
+    .unwrap();
+    let ev = loop {
+        let ev = stream.message().await.unwrap().unwrap();
+        if ev.kind != pb::HoldEventKind::Renewed as i32 {
+            break ev;
+        }
+    };
+    assert_eq!(ev.kind, pb::HoldEventKind::Released as i32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_ms_wins_right_after_release_and_honours_deadline() {
+    let s = InProc::start(|_| {}).await;
+    let mut c = s.claims().await;
+    // A lock (slot 0) is free again once released, so a waiter can win it.
+    let lock = c.claim(req("waitlock", 0)).await.unwrap().into_inner();
+    assert!(won(&lock));
+    let mut waiter = s.claims().await;
+    let w = tokio::spawn(async move {
+        let mut r = req("waitlock", 0);
+        r.wait_ms = 10_000;
+        let out = waiter.claim(r).await.unwrap().into_inner();
+        (out, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    c.release(pb::ReleaseRequest {
+        job: "waitlock".into(),
+        slot_ms: 0,
+        token: lock.token,
+        result: pb::ReleaseResult::Succeeded as i32,
+    })
+    .await
+    .unwrap();
+    let (out, at) = w.await.unwrap();
+    assert!(won(&out), "{out:?}");
+    assert_eq!(out.attempt, 2);
+    let delay = at.duration_since(released_at);
+    assert!(
+        delay < Duration::from_millis(100),
+        "waiter won {delay:?} after the release"
+    );
+
+    // A wait longer than the client's deadline answers RUNNING before it.
+    let mut r = tonic::Request::new(pb::ClaimRequest {
+        wait_ms: 10_000,
+        ..req("waitlock", 0)
+    });
+    r.set_timeout(Duration::from_millis(500));
+    let t = Instant::now();
+    let out = c.claim(r).await.unwrap().into_inner();
+    assert_eq!(out.outcome, pb::Outcome::Running as i32);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(500),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reflection_metrics_and_readiness() {
+    let s = InProc::start(|_| {}).await;
+    let ch = s.channel().await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    let st = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        st.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    let mut c = s.claims().await;
+    c.claim(req("metered", now())).await.unwrap();
+    c.claim(req("metered", 5)).await.unwrap(); // LATE
+    let body = common::http_get(s.admin, "/metrics", None).await;
+    assert!(
+        body.contains("anarchon_claims_total{outcome=\"WON\",backend=\"sqlite\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("anarchon_claims_total{outcome=\"LATE\",backend=\"sqlite\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("anarchon_rpc_duration_seconds_bucket"),
+        "{body}"
+    );
+    assert!(common::http_get(s.admin, "/readyz", None)
+        .await
+        .starts_with("ready"));
+    assert!(common::http_get(s.admin, "/healthz", None)
+        .await
+        .starts_with("ok"));
+    // Reflection lists our services.
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, ServerReflectionRequest,
+    };
+    let mut refl = ServerReflectionClient::new(ch);
+    let reqs = tokio_stream::iter(vec![ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    }]);
+    let mut resp = refl
+        .server_reflection_info(reqs)
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = format!("{:?}", resp.message().await.unwrap().unwrap());
+    assert!(
+        msg.contains("anarchon.v1.Claims") && msg.contains("anarchon.v1.Mesh"),
+        "{msg}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_stop_ends_held_leases() {
+    let mut s = InProc::start(|_| {}).await;
+    let mut c = s.claims().await;
+    let slot = now();
+    let a = c.claim(req("leaving", slot)).await.unwrap().into_inner();
+    assert!(won(&a));
+    let backend = s.backend.clone();
+    s.stop().await;
+    let store = store::open(&backend, &StoreOptions::default())
+        .await
+        .unwrap();
+    let spec = ClaimSpec {
+        job: Job::parse("leaving").unwrap(),
+        slot_ms: slot,
+        token: Token::generate(),
+        holder: Holder {
+            node: "next".into(),
+            instance: 1,
+        },
+        lease_ms: 30_000,
+        max_late_ms: 60_000,
+        overlap: Overlap::Allow,
+        max_attempts: 3,
+    };
+    let b = store.claim(&spec, &DeadHolders::none()).await.unwrap();
+    assert_eq!(
+        (b.outcome, b.attempt),
+        (Outcome::Won, 2),
+        "the leaver's lease must end at once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_answer_with_a_clear_status() {
+    let s = InProc::start(|c| {
+        c.max_holds_per_client = 2;
+        c.max_request_bytes = 4096;
+    })
+    .await;
+    let mut c = s.claims().await;
+    // An oversized request is refused before it is decoded.
+    let st = c
+        .claim(pb::ClaimRequest {
+            job: "big".into(),
+            token: "a".repeat(10_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(st.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{st:?}"
+    );
+    // Hold streams per client are bounded; closing one frees its place.
+    let mut open = Vec::new();
+    for i in 0..2 {
+        let mut st = c.hold(req(&format!("h{i}"), 0)).await.unwrap().into_inner();
+        assert!(won(&st.message().await.unwrap().unwrap().claim.unwrap()));
+        open.push(st);
+    }
+    let st = c.hold(req("h2", 0)).await.unwrap_err();
+    assert_eq!(st.code(), Code::ResourceExhausted);
+    assert!(st.message().contains("max_holds_per_client"), "{st:?}");
+    // Nothing was claimed by the refused hold.
+    let h = c
+        .history(pb::HistoryRequest {
+            job: "h2".into(),
+            limit: 5,
+            before_slot_ms: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(h.runs.is_empty());
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match c.hold(req("h2", 0)).await {
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                assert!(won(&stream
+                    .message()
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .claim
+                    .unwrap()));
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted);
+                assert!(
+                    Instant::now() < deadline,
+                    "the closed hold's place was never freed"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
