@@ -325,7 +325,7 @@ async fn outage(url: &str, stop_broker: fn(), start_broker: fn()) {
     stop.store(true, Ordering::SeqCst);
     run.await.unwrap();
 
-    let t = tally.lock().unwrap();
+    let t = std::mem::take(&mut *tally.lock().unwrap());
     eprintln!(
         "outage on {url}: {} answers, {} unavailable, {} lost/unknown, {} after the restart, {} slots won",
         t.answers,
@@ -342,7 +342,6 @@ async fn outage(url: &str, stop_broker: fn(), start_broker: fn()) {
     assert!(doubles.is_empty(), "slots won twice: {doubles:?}");
     let mut won: Vec<i64> = t.wins.keys().copied().collect();
     won.sort_unstable();
-    drop(t);
     // Everything won is still remembered after the restart.
     let fresh = open().await.unwrap();
     for slot in &won {

@@ -167,6 +167,8 @@ pub struct NatsStore {
     stream_name: String,
     prefix: String,
     window_ms: i64,
+    /// The stream's max_age (0 = unlimited), for History's note.
+    max_age: Duration,
     info: StoreInfo,
 }
 
@@ -279,7 +281,9 @@ impl NatsStore {
             Err(e) => return Err(unavailable(&format!("cannot read stream {name}"), e)),
         };
         check_stream(&stream.cached_info().config, prefix, *duplicate_window_ms)?;
+        let max_age = stream.cached_info().config.max_age;
         Ok(NatsStore {
+            max_age,
             js,
             stream,
             stream_name: name,
@@ -616,10 +620,16 @@ impl Store for NatsStore {
                 finished_at_ms,
             });
         }
+        let kept = if self.max_age.is_zero() {
+            "until they are deleted".to_owned()
+        } else {
+            format!(
+                "for the stream's max_age ({})",
+                humantime::format_duration(self.max_age)
+            )
+        };
         let mut note = format!(
-            "the nats backend keeps claims and results for the stream's max_age ({} ms); \
-             a claim without a result is CLAIMED",
-            self.window_ms * 2
+            "the nats backend keeps claims and results {kept}; a claim without a result is CLAIMED"
         );
         if scan.truncated {
             note.push_str(&format!("; only the first {MAX_SCAN} messages were read"));
