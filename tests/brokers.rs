@@ -128,17 +128,22 @@ async fn amqp_refuses_what_its_memory_cannot_cover() {
     refuses_what_its_memory_cannot_cover(&*s, 90_000).await;
 }
 
-async fn amqp_channel() -> lapin::Channel {
+/// A channel of its own, on a connection of its own (the refused declares
+/// below close their channel).
+struct Amqp {
+    _conn: lapin::Connection,
+    ch: lapin::Channel,
+}
+
+async fn amqp() -> Amqp {
     let conn = lapin::Connection::connect(
         &format!("amqp://guest:guest@{}/%2f", brokers::AMQP_ADDR),
         lapin::ConnectionProperties::default(),
     )
     .await
     .unwrap();
-    // Keep the connection open for the test's lifetime.
     let ch = conn.create_channel().await.unwrap();
-    std::mem::forget(conn);
-    ch
+    Amqp { _conn: conn, ch }
 }
 
 fn args(queue_type: &str, ttl: i64) -> FieldTable {
@@ -181,15 +186,17 @@ async fn amqp_gate_is_a_durable_classic_queue_holding_one_claim() {
             .unwrap();
     }
     let queue = format!("{p}.{j}.slot.{slot}");
-    let same = amqp_channel()
+    let same = amqp()
         .await
+        .ch
         .queue_declare(&queue, durable(), args("classic", 90_000))
         .await
         .expect("the gate has exactly the specified arguments");
     assert_eq!(same.message_count(), 1, "one claim, the first");
     assert_eq!(same.consumer_count(), 0, "nobody consumes a gate");
-    let quorum = amqp_channel()
+    let quorum = amqp()
         .await
+        .ch
         .queue_declare(&queue, durable(), args("quorum", 90_000))
         .await
         .unwrap_err();
@@ -197,8 +204,9 @@ async fn amqp_gate_is_a_durable_classic_queue_holding_one_claim() {
         quorum.to_string().contains("x-queue-type"),
         "not a classic queue? {quorum}"
     );
-    let transient = amqp_channel()
+    let transient = amqp()
         .await
+        .ch
         .queue_declare(
             &queue,
             QueueDeclareOptions::default(),
@@ -210,8 +218,9 @@ async fn amqp_gate_is_a_durable_classic_queue_holding_one_claim() {
         transient.to_string().contains("durable"),
         "not durable? {transient}"
     );
-    let other_ttl = amqp_channel()
+    let other_ttl = amqp()
         .await
+        .ch
         .queue_declare(&queue, durable(), args("classic", 90_001))
         .await
         .unwrap_err();
@@ -280,8 +289,9 @@ async fn amqp_late_declares_nothing() {
         passive: true,
         ..Default::default()
     };
-    let e = amqp_channel()
+    let e = amqp()
         .await
+        .ch
         .queue_declare(
             &format!("{p}.{j}.slot.{slot}"),
             passive,
@@ -351,8 +361,9 @@ async fn amqp_gate_expires_after_slot_ttl() {
             passive: true,
             ..Default::default()
         };
-        if amqp_channel()
+        if amqp()
             .await
+            .ch
             .queue_declare(&queue, passive, FieldTable::default())
             .await
             .is_err()

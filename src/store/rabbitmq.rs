@@ -45,7 +45,7 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ErrorKind};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
 
 use super::broker::{self, redact};
 use super::{Backend, Store, StoreInfo};
@@ -57,6 +57,9 @@ const BACKEND: &str = "rabbitmq";
 pub const CHANNEL_USES: u32 = 1_000;
 /// Idle channels kept open.
 const MAX_IDLE: usize = 64;
+/// Claims in flight at once (each holds a channel); more wait their turn
+/// instead of opening channels without bound.
+const MAX_IN_FLIGHT: usize = 256;
 /// After a failed connect, claims fail at once for this long instead of
 /// queueing behind another connect attempt.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
@@ -115,6 +118,7 @@ pub struct RabbitStore {
     conn: Mutex<Option<Arc<Connection>>>,
     last_connect_failure: StdMutex<Option<Instant>>,
     idle: StdMutex<Vec<Pooled>>,
+    in_flight: Semaphore,
     info: StoreInfo,
 }
 
@@ -198,6 +202,7 @@ impl RabbitStore {
             conn: Mutex::new(None),
             last_connect_failure: StdMutex::new(None),
             idle: StdMutex::new(Vec::new()),
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
             info: StoreInfo {
                 backend: BACKEND,
                 leases: false,
@@ -263,11 +268,17 @@ impl RabbitStore {
         Ok(conn)
     }
 
-    /// Forgets `conn` if it is still the current connection (it timed out).
+    /// Forgets `conn` if it is still the current connection (it timed out),
+    /// and closes it in the background.
     async fn forget(&self, conn: &Arc<Connection>) {
         let mut guard = self.conn.lock().await;
         if guard.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *guard = None;
+            let (conn, timeout) = (conn.clone(), self.timeout);
+            tokio::spawn(async move {
+                let _ =
+                    tokio::time::timeout(timeout, conn.close(320, "anarchon: reconnecting")).await;
+            });
         }
     }
 
@@ -343,6 +354,11 @@ impl Store for RabbitStore {
             return Ok(late);
         }
         let queue = self.gate(&spec.job, spec.slot_ms);
+        let _turn = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| Error::Unavailable("rabbitmq: the store is closing".into()))?;
         let p = self.channel().await?;
 
         // 1. Declare the gate. Any failure here: nothing was published.
