@@ -88,6 +88,11 @@ pub async fn sweep_old_test_streams() {
 /// leftovers make a restart slow, and beyond the broker's file handle limit
 /// its recovery can stall. Needs `rabbitmqctl` (to list queues).
 pub async fn sweep_test_queues() {
+    sweep_queues(TEST_PREFIX).await
+}
+
+/// Deletes the queues whose names start with `prefix`.
+pub async fn sweep_queues(prefix: &str) {
     let Ok(out) = std::process::Command::new("rabbitmqctl")
         .args(["list_queues", "name", "--quiet", "--no-table-headers"])
         .output()
@@ -97,7 +102,7 @@ pub async fn sweep_test_queues() {
     let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::trim)
-        .filter(|n| n.starts_with(TEST_PREFIX))
+        .filter(|n| n.starts_with(prefix))
         .map(str::to_owned)
         .collect();
     if names.is_empty() {
