@@ -2,6 +2,7 @@
 //! checks and real-process helpers.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod brokers;
 pub mod contest;
 pub mod inproc;
 pub mod liveness;
