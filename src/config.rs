@@ -315,8 +315,13 @@ impl Config {
         if self.busy_timeout_ms == 0 {
             return Err(err("busy_timeout_ms", "must be positive"));
         }
-        crate::store::Backend::parse(&self.backend_url())
+        let backend = crate::store::Backend::parse(&self.backend_url())
             .map_err(|e| err("backend", e.to_string()))?;
+        if let Some((option, ms)) = backend.memory_ms() {
+            if ms <= self.max_late_ms {
+                return Err(err("backend", format!("{option}={ms} must exceed max_late_ms ({}): a claimed slot must be remembered longer than a late claim may ask", self.max_late_ms)));
+            }
+        }
         match (&self.tls_cert, &self.tls_key) {
             (Some(_), None) => return Err(err("tls_key", "is required with tls_cert")),
             (None, Some(_)) => return Err(err("tls_cert", "is required with tls_key")),

@@ -18,6 +18,7 @@
 //! | [`server`] | `run(listeners, config, shutdown)`: the gRPC services, admin HTTP, metrics |
 //! | [`cli`] | the client subcommands (`claim`, `renew`, `release`, `history`, `hold`) and `bench` |
 //! | [`telemetry`] | tracing setup (plain or JSON logs) |
+//! | `fuzzing` | fuzz bodies shared by `fuzz/` and the smoke test |
 
 #![deny(unsafe_code)]
 #![warn(clippy::unwrap_used, clippy::expect_used)]
@@ -27,6 +28,8 @@ pub mod claim;
 pub mod cli;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod mesh;
 pub mod proto;
 pub mod server;

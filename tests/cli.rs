@@ -159,3 +159,53 @@ fn sigterm_drains_and_hands_held_runs_over() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["attempt"], 2);
 }
+
+#[test]
+fn check_validates_config_and_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let out = anarchon(&["check", "--data-dir", &d]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("store ok: sqlite"));
+    let out = anarchon(&["check", "--backend", "ftp://nowhere"]);
+    assert_eq!(out.status.code(), Some(64));
+    let out = anarchon(&["check", "--backend", "sqlite:///proc/anarchon/cannot.db"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+}
+
+#[test]
+fn watch_streams_a_snapshot_then_changes() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (common::process::free_addr(), common::process::free_addr());
+    let t = ["--heartbeat-ms", "100", "--expiry-ms", "600"];
+    let _sa = Sidecar::start_at(
+        &dir.path().join("a"),
+        a,
+        &[&["--peer", &b.to_string()][..], &t[..]].concat(),
+    );
+    let mut sb = Sidecar::start_at(
+        &dir.path().join("b"),
+        b,
+        &[&["--peer", &a.to_string()][..], &t[..]].concat(),
+    );
+    // Let them link, so the first snapshot has B in it.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let mut w = Command::new(BIN)
+        .args(["watch", "--json", "--server", &a.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["event"], "SNAPSHOT");
+    assert_eq!(first["peer"]["state"], "ALIVE");
+    sb.kill();
+    let expired = lines.find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(&l.ok()?).ok()?;
+        (v["event"] == "EXPIRED").then_some(v)
+    });
+    let _ = w.kill();
+    let _ = w.wait();
+    assert!(expired.is_some(), "no EXPIRED event streamed");
+}

@@ -68,6 +68,18 @@ conformance!(
     common::pg::store("&claim=transaction")
 );
 
+conformance!(redis_lease, common::redis::single("lease"));
+conformance!(redis_stream_id, common::redis::single("stream-id"));
+conformance!(redis_script, common::redis::single("script"));
+conformance!(redis_idmp, common::redis::idmp());
+conformance!(redis_cluster_lease, common::redis::cluster("lease"));
+conformance!(redis_cluster_stream_id, common::redis::cluster("stream-id"));
+conformance!(redis_cluster_script, common::redis::cluster("script"));
+
+// The memories outlast the suite's widest max_late (1 h).
+conformance!(rabbitmq, common::brokers::rabbitmq("&slot_ttl_ms=3700000"));
+conformance!(nats, common::brokers::nats("&duplicate_window_ms=3700000"));
+
 #[allow(unused)]
 fn _services_used() -> bool {
     services::in_ci()

@@ -61,3 +61,15 @@ async fn takeover_latency_over_20_sigkills() {
         ms(lat[lat.len() - 1])
     );
 }
+
+fn redis_lease() -> Option<String> {
+    common::redis::have_redis().then(|| common::redis::url("lease"))
+}
+
+liveness!(redis_lease, redis_lease());
+
+fn postgres() -> Option<String> {
+    common::pg::available().then(|| common::pg::backend(&common::pg::prefix()))
+}
+
+liveness!(postgres, postgres());

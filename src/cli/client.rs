@@ -438,15 +438,7 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
             let r = r.into_inner();
             let all: Vec<&pb::Peer> = r.self_.iter().chain(r.peers.iter()).collect();
             if json {
-                let v: Vec<_> = all
-                    .iter()
-                    .map(|p| {
-                        json!({"node": p.node, "instance": p.instance, "restarts": p.restarts,
-                               "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name()).unwrap_or("?"),
-                               "link": pb::Link::try_from(p.link).map(|s| s.as_str_name()).unwrap_or("?"),
-                               "beat": p.beat, "beat_age_ms": p.beat_age_ms, "address": p.address})
-                    })
-                    .collect();
+                let v: Vec<_> = all.iter().map(|p| peer_json(p)).collect();
                 println!("{}", json!({"peers": v}));
             } else {
                 println!(
@@ -479,5 +471,62 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(st) => print_status(json, &st),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Include expired and left runtimes in the first snapshot.
+    #[arg(long)]
+    pub include_expired: bool,
+    #[command(flatten)]
+    pub client: ClientOpts,
+}
+
+fn peer_json(p: &pb::Peer) -> serde_json::Value {
+    json!({"node": p.node, "instance": p.instance, "restarts": p.restarts,
+           "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
+           "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
+           "beat": p.beat, "beat_age_ms": p.beat_age_ms, "address": p.address})
+}
+
+/// Streams peer events until interrupted: one line (or JSON object) each.
+pub async fn watch(a: WatchArgs) -> ExitCode {
+    let json = a.client.json;
+    let (_, mut m) = match connect_or_report(&a.client).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut stream = match m
+        .watch_peers(pb::WatchPeersRequest {
+            include_expired: a.include_expired,
+        })
+        .await
+    {
+        Ok(s) => s.into_inner(),
+        Err(st) => return print_status(json, &st),
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(ev)) => {
+                let kind = pb::PeerEventKind::try_from(ev.kind)
+                    .map(|k| k.as_str_name().trim_start_matches("PEER_EVENT_KIND_"))
+                    .unwrap_or("?");
+                let p = ev.peer.unwrap_or_default();
+                if json {
+                    println!("{}", json!({"event": kind, "peer": peer_json(&p)}));
+                } else {
+                    let state = pb::PeerState::try_from(p.state)
+                        .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
+                        .unwrap_or("?");
+                    println!(
+                        "{kind:<11} {} instance={} restarts={} state={state} beat={} address={}",
+                        p.node, p.instance, p.restarts, p.beat, p.address
+                    );
+                }
+            }
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(st) => return print_status(json, &st),
+        }
     }
 }

@@ -52,6 +52,10 @@ pub enum Command {
     Cron(cron::CronArgs),
     /// List this sidecar's view of the mesh.
     Peers(client::PeersArgs),
+    /// Stream peer events (a snapshot, then every change).
+    Watch(client::WatchArgs),
+    /// Validate the config (as `serve` would) and check the store is reachable.
+    Check(Box<serve::ServeArgs>),
     /// Measure claims/s and latency through the sidecar against the raw store step.
     Bench(bench::BenchArgs),
 }
@@ -98,6 +102,8 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Hold(a) => rt.block_on(hold::hold(a)),
         Command::Cron(a) => rt.block_on(cron::cron(a)),
         Command::Peers(a) => rt.block_on(client::peers(a)),
+        Command::Watch(a) => rt.block_on(client::watch(a)),
+        Command::Check(args) => serve::check(&rt, *args),
         Command::Bench(a) => rt.block_on(bench::bench(a)),
     }
 }

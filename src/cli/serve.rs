@@ -24,7 +24,9 @@ pub struct ServeArgs {
     /// Node key, instance counter, known peers, SQLite file [default: ./anarchon-data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// sqlite://PATH [default: sqlite://<data-dir>/anarchon.db].
+    /// sqlite://PATH, postgres://…?table=PREFIX, redis://…?strategy=lease|stream-id|idmp|script,
+    /// redis+cluster://H:P,H:P?strategy=…, amqp://…, nats://…
+    /// [default: sqlite://<data-dir>/anarchon.db].
     #[arg(long, value_name = "URL")]
     pub backend: Option<String>,
     /// A peer's gRPC address; repeatable.
@@ -190,4 +192,48 @@ pub async fn shutdown_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// `anarchon check`: validates the configuration exactly as `serve` would
+/// (same flags, env and file) and checks that the store is reachable and
+/// migrated. Exits 0 when ready, 64 for a bad config, 1 when the store fails.
+pub fn check(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
+    let cfg = match Config::load(args.config.as_deref(), args.overrides()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("anarchon: {e}");
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    };
+    println!("config ok");
+    rt.block_on(async move {
+        let opts = crate::store::StoreOptions {
+            retention: cfg.retention(),
+            busy_timeout: std::time::Duration::from_millis(cfg.busy_timeout_ms),
+        };
+        let url = cfg.backend_url();
+        match crate::store::open(&url, &opts).await {
+            Ok(store) => match store.ping().await {
+                Ok(()) => {
+                    println!(
+                        "store ok: {} ({})",
+                        store.info().backend,
+                        server::redact(&url)
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("anarchon: store check failed: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Err(e) => {
+                eprintln!(
+                    "anarchon: cannot open backend {}: {e}",
+                    server::redact(&url)
+                );
+                ExitCode::FAILURE
+            }
+        }
+    })
 }

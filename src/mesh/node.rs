@@ -309,6 +309,29 @@ impl Mesh {
         &self,
         include_expired: bool,
     ) -> impl tokio_stream::Stream<Item = Result<pb::PeerEvent, Status>> + Send + 'static {
+        self.watch_inner(include_expired, true).1
+    }
+
+    /// The same stream as [`Mesh::watch`], with the snapshot handed over as
+    /// one list instead of SNAPSHOT events (the dashboard sends it whole).
+    pub fn watch_with_snapshot(
+        &self,
+        include_expired: bool,
+    ) -> (
+        Vec<pb::Peer>,
+        impl tokio_stream::Stream<Item = Result<pb::PeerEvent, Status>> + Send + 'static,
+    ) {
+        self.watch_inner(include_expired, false)
+    }
+
+    fn watch_inner(
+        &self,
+        include_expired: bool,
+        snapshot_events: bool,
+    ) -> (
+        Vec<pb::Peer>,
+        impl tokio_stream::Stream<Item = Result<pb::PeerEvent, Status>> + Send + 'static,
+    ) {
         let mut rx = self.events.subscribe();
         let (tx, out) = mpsc::channel::<pb::PeerEvent>(self.cfg.watch_buffer.max(1));
         let overflow = Arc::new(Mutex::new(None::<Status>));
@@ -324,6 +347,11 @@ impl Mesh {
                     )
             })
             .collect();
+        let (snapshot, handed_over) = if snapshot_events {
+            (snapshot, Vec::new())
+        } else {
+            (Vec::new(), snapshot)
+        };
         let fail = overflow.clone();
         let mut stop = self.stop.clone();
         tokio::spawn(async move {
@@ -369,27 +397,19 @@ impl Mesh {
                 }
             }
         });
-        ReceiverStream::new(out)
+        let stream = ReceiverStream::new(out)
             .map(Ok)
             .chain(futures::stream::unfold(overflow, |slot| async move {
                 let err = lock(&slot).take();
                 err.map(|e| (Err(e), slot))
-            }))
+            }));
+        (handed_over, stream)
     }
 
     /// Machine-readable mesh state for `/api/v1/mesh/state`.
     pub fn state_json(&self) -> serde_json::Value {
         let now = Instant::now();
         let list = self.list();
-        let peer = |p: &pb::Peer| {
-            serde_json::json!({
-                "node": p.node, "instance": p.instance, "restarts": p.restarts,
-                "address": p.address,
-                "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
-                "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
-                "beat": p.beat, "beat_age_ms": p.beat_age_ms, "labels": p.labels,
-            })
-        };
         let links: Vec<_> = lock(&self.links)
             .values()
             .map(|l| {
@@ -409,8 +429,8 @@ impl Mesh {
             .map(|(r, n)| (r.as_str(), *n))
             .collect();
         serde_json::json!({
-            "self": list.self_.as_ref().map(peer),
-            "peers": list.peers.iter().map(peer).collect::<Vec<_>>(),
+            "self": list.self_.as_ref().map(peer_json),
+            "peers": list.peers.iter().map(peer_json).collect::<Vec<_>>(),
             "links": links,
             "refused": drops,
             "beats_accepted": table.beats_accepted(),
@@ -875,6 +895,17 @@ impl Mesh {
 enum DialError {
     IsSelf,
     Other(String),
+}
+
+/// One runtime as JSON, as `/api/v1/mesh/state` and the dashboard show it.
+pub fn peer_json(p: &pb::Peer) -> serde_json::Value {
+    serde_json::json!({
+        "node": p.node, "instance": p.instance, "restarts": p.restarts,
+        "address": p.address,
+        "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
+        "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
+        "beat": p.beat, "beat_age_ms": p.beat_age_ms, "labels": p.labels,
+    })
 }
 
 /// Mesh figures for the metrics.

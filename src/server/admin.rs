@@ -1,5 +1,6 @@
 //! The admin HTTP server: `/healthz`, `/readyz`, `/metrics`,
-//! `/api/v1/mesh/state`.
+//! `/api/v1/mesh/state`, and the dashboard (`/`, `/ui`, `/api/v1/events`;
+//! see [`super::dashboard`]).
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use axum::routing::get;
 use axum::Router;
 
 use super::auth::Auth;
+use super::dashboard::{self, Dashboard};
 use super::metrics::Metrics;
 use crate::mesh::Mesh;
 use crate::store::DynStore;
@@ -21,6 +23,7 @@ pub struct AdminState {
     pub mesh: Arc<Mesh>,
     /// `/api/*` sits behind the application bearer token when one is set.
     pub auth: Auth,
+    pub dashboard: Arc<Dashboard>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -29,6 +32,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/v1/mesh/state", get(mesh_state))
+        .merge(dashboard::routes())
         .with_state(state)
 }
 

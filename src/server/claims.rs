@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 use tracing::{field::Empty, Instrument};
 
 use super::metrics::{Metrics, OutcomeLabels, RpcLabels};
+use super::runs::RunFeed;
 use super::validate::{self, ClaimDefaults};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
@@ -43,6 +44,8 @@ pub struct ClaimsState {
     pub shutdown: watch::Receiver<bool>,
     /// Open `Hold` streams per client address.
     pub holds: HoldLimiter,
+    /// Recent runs and run events, for the dashboard.
+    pub runs: Arc<RunFeed>,
 }
 
 /// Bounds the open `Hold` streams per client address.
@@ -159,7 +162,11 @@ impl ClaimsState {
             .observe(started.elapsed().as_secs_f64());
     }
 
-    fn count(&self, a: &ClaimAnswer) {
+    /// Counts an answer; a win also goes to the dashboard's run feed.
+    fn count(&self, op: &'static str, spec: &ClaimSpec, a: &ClaimAnswer) {
+        if a.outcome == Outcome::Won {
+            self.runs.won(op, spec, a);
+        }
         self.metrics
             .claims
             .get_or_create(&OutcomeLabels {
@@ -169,6 +176,13 @@ impl ClaimsState {
             .inc();
         if a.outcome == Outcome::Won && a.attempt > 1 {
             self.metrics.takeovers.inc();
+        }
+    }
+
+    /// Tells the dashboard about a renewal or release refused as fenced.
+    fn note_fenced(&self, op: &'static str, job: &str, slot_ms: SlotMs, e: &Error) {
+        if let Error::Fenced(reason) = e {
+            self.runs.fenced(op, job, slot_ms, reason.as_str());
         }
     }
 
@@ -229,14 +243,14 @@ impl pb::claims_server::Claims for ClaimsService {
             tracing::info_span!("claim", job = %req.job, slot = req.slot_ms, outcome = Empty);
         async move {
             let res = match validate::claim(&req, &s.defaults, &s.holder) {
-                Ok(v) => s.claim(&v, deadline).await,
+                Ok(v) => s.claim(&v, deadline).await.map(|a| (v, a)),
                 Err(e) => Err(e),
             };
             s.observe("claim", started);
             match res {
-                Ok(a) => {
+                Ok((v, a)) => {
                     tracing::Span::current().record("outcome", a.outcome.as_str());
-                    s.count(&a);
+                    s.count("claim", &v.spec, &a);
                     tracing::debug!(attempt = a.attempt, "claim answered");
                     Ok(Response::new(validate::answer_pb(
                         &a,
@@ -287,6 +301,7 @@ impl pb::claims_server::Claims for ClaimsService {
                 }
                 Err(e) => {
                     tracing::Span::current().record("outcome", e.kind());
+                    s.note_fenced("renew", &req.job, req.slot_ms, &e);
                     Err(s.fail(e))
                 }
             }
@@ -318,10 +333,13 @@ impl pb::claims_server::Claims for ClaimsService {
                 Ok(spec) => {
                     tracing::Span::current().record("outcome", "released");
                     s.notify(&spec.job, spec.slot_ms);
+                    s.runs
+                        .released(spec.job.as_str(), spec.slot_ms, spec.result);
                     Ok(Response::new(pb::ReleaseResponse {}))
                 }
                 Err(e) => {
                     tracing::Span::current().record("outcome", e.kind());
+                    s.note_fenced("release", &req.job, req.slot_ms, &e);
                     Err(s.fail(e))
                 }
             }
@@ -353,7 +371,7 @@ impl pb::claims_server::Claims for ClaimsService {
             match res {
                 Ok((v, a)) => {
                     tracing::Span::current().record("outcome", a.outcome.as_str());
-                    s.count(&a);
+                    s.count("hold", &v.spec, &a);
                     Ok((v, a))
                 }
                 Err(e) => {
@@ -488,6 +506,7 @@ async fn keep_renewing(
                 break;
             }
             Err(e @ (Error::Fenced(_) | Error::NotFound(_))) => {
+                s.note_fenced("hold", spec.job.as_str(), spec.slot_ms, &e);
                 s.metrics.record_error(&e);
                 tracing::info!(reason = e.kind(), "hold lost its lease");
                 let _ = tx.send(Ok(lost("fenced"))).await;
@@ -515,6 +534,7 @@ async fn keep_renewing(
             Ok(true) => {
                 tracing::info!("hold stream broke without release; lease ended");
                 s.notify(&spec.job, spec.slot_ms);
+                s.runs.lease_ended(spec.job.as_str(), spec.slot_ms);
             }
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "could not end the lease of a broken hold"),

@@ -10,8 +10,10 @@
 pub mod admin;
 pub mod auth;
 pub mod claims;
+pub mod dashboard;
 pub mod mesh;
 pub mod metrics;
+pub mod runs;
 pub mod tls;
 pub mod validate;
 
@@ -108,6 +110,7 @@ pub async fn run(
     );
 
     let metrics = Arc::new(metrics::Metrics::default());
+    let runs = Arc::new(runs::RunFeed::default());
     metrics.store_up.set(1);
     let state = Arc::new(ClaimsState {
         store: store.clone(),
@@ -120,6 +123,7 @@ pub async fn run(
         poll: Duration::from_millis(cfg.heartbeat_ms),
         shutdown: drain_rx,
         holds: claims::HoldLimiter::new(cfg.max_holds_per_client),
+        runs: runs.clone(),
     });
 
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -185,6 +189,11 @@ pub async fn run(
                 metrics: metrics.clone(),
                 mesh: mesh.clone(),
                 auth: admin_auth,
+                dashboard: Arc::new(dashboard::Dashboard::new(
+                    runs,
+                    Duration::from_millis(cfg.heartbeat_ms),
+                    Duration::from_millis(cfg.expiry_ms),
+                )),
             });
             let stop = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
@@ -240,6 +249,16 @@ pub fn redact(url: &str) -> String {
             let _ = u.set_password(Some("***"));
             u.to_string()
         }
-        _ => url.to_owned(),
+        Ok(_) => url.to_owned(),
+        // Not a plain URL (e.g. `redis+cluster://u:pw@a:1,b:2`): blank
+        // whatever sits between `user:` and the last `@`.
+        Err(_) => match (url.find("://"), url.rfind('@')) {
+            (Some(s), Some(at)) if at > s => {
+                let userinfo = &url[s + 3..at];
+                let user = userinfo.split(':').next().unwrap_or_default();
+                format!("{}{user}:***{}", &url[..s + 3], &url[at..])
+            }
+            _ => url.to_owned(),
+        },
     }
 }

@@ -14,11 +14,18 @@ use async_trait::async_trait;
 use crate::claim::*;
 use crate::error::{Error, Result};
 
+mod broker;
+mod nats;
 mod postgres;
+mod rabbitmq;
+mod redis;
 mod sql;
 mod sqlite;
 
+pub use nats::NatsStore;
 pub use postgres::{PgClaim, PgTarget, PostgresStore};
+pub use rabbitmq::RabbitStore;
+pub use redis::{RedisConfig, Strategy as RedisStrategy};
 pub use sqlite::SqliteStore;
 
 /// What a backend can do, and how long it remembers a run.
@@ -94,8 +101,25 @@ pub type DynStore = Arc<dyn Store>;
 /// A parsed backend URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
-    Sqlite { path: String },
+    Sqlite {
+        path: String,
+    },
+    Redis(RedisConfig),
     Postgres(PgTarget),
+    /// `amqp[s]://user:pass@host:port/vhost?prefix=&slot_ttl_ms=&timeout_ms=`
+    Amqp {
+        url: String,
+        prefix: String,
+        slot_ttl_ms: u64,
+        timeout_ms: u64,
+    },
+    /// `nats://[user:pass@]host:port[,host:port]?prefix=&duplicate_window_ms=&timeout_ms=`
+    Nats {
+        url: String,
+        prefix: String,
+        duplicate_window_ms: u64,
+        timeout_ms: u64,
+    },
 }
 
 impl Backend {
@@ -103,7 +127,24 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Sqlite { .. } => "sqlite",
+            Backend::Redis(c) => c.backend_name(),
             Backend::Postgres(_) => "postgres",
+            Backend::Amqp { .. } => "rabbitmq",
+            Backend::Nats { .. } => "nats",
+        }
+    }
+
+    /// Once backends that forget a claimed slot after a while: the option
+    /// that sets how long, and its value. It must exceed `max_late_ms`, or a
+    /// late claimer could win a slot that was already won and forgotten.
+    pub fn memory_ms(&self) -> Option<(&'static str, u64)> {
+        match self {
+            Backend::Amqp { slot_ttl_ms, .. } => Some(("slot_ttl_ms", *slot_ttl_ms)),
+            Backend::Nats {
+                duplicate_window_ms,
+                ..
+            } => Some(("duplicate_window_ms", *duplicate_window_ms)),
+            _ => None,
         }
     }
 
@@ -121,9 +162,12 @@ impl Backend {
                 }
                 Ok(Backend::Sqlite { path: path.to_owned() })
             }
+            "redis" | "redis+cluster" => Ok(Backend::Redis(RedisConfig::parse(url)?)),
             "postgres" | "postgresql" => postgres::parse_url(url),
+            "amqp" | "amqps" => rabbitmq::parse_url(url),
+            "nats" => nats::parse_url(url),
             other => Err(bad(format!(
-                "unknown scheme {other:?}; expected sqlite:// or postgres:// (redis://, amqp:// and nats:// are not in this build yet)"
+                "unknown scheme {other:?}; expected sqlite://, postgres://, redis://, redis+cluster://, amqp://, amqps:// or nats://"
             ))),
         }
     }
@@ -133,7 +177,10 @@ impl Backend {
 pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
     match Backend::parse(url)? {
         Backend::Sqlite { path } => Ok(Arc::new(SqliteStore::open(&path, opts).await?)),
+        Backend::Redis(cfg) => redis::open(&cfg, opts).await,
         Backend::Postgres(target) => Ok(Arc::new(PostgresStore::open(&target, opts).await?)),
+        b @ Backend::Amqp { .. } => Ok(Arc::new(RabbitStore::open(&b).await?)),
+        b @ Backend::Nats { .. } => Ok(Arc::new(NatsStore::open(&b).await?)),
     }
 }
 

@@ -2,12 +2,14 @@
 //! checks and real-process helpers.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod brokers;
 pub mod contest;
 pub mod inproc;
 pub mod liveness;
 pub mod pg;
 pub mod process;
 pub mod proxy;
+pub mod redis;
 pub mod services;
 pub mod suite;
 

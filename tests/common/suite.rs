@@ -45,6 +45,12 @@ pub async fn resend_same_token(s: &dyn Store) {
     let first = s.claim(&sp, &none()).await.unwrap();
     assert_eq!(first.outcome, Outcome::Won);
     let again = s.claim(&sp, &none()).await.unwrap();
+    if s.info().backend == "rabbitmq" {
+        // A gate queue cannot compare tokens: a resend finds it full.
+        assert_eq!(again.outcome, Outcome::Lost, "{again:?}");
+        assert!(again.token.is_none());
+        return;
+    }
     assert_eq!(
         again.outcome,
         Outcome::Won,

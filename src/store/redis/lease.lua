@@ -1,0 +1,356 @@
+-- anarchon: the Redis `lease` strategy. One script, one atomic step per call.
+--
+-- It implements the lease decision table of SPEC §3.1, the same table as
+-- `decide()` in src/claim/decide.rs (the conformance suite proves they agree).
+-- `now` is Redis's own clock (TIME), read inside the step.
+--
+-- KEYS (all carry the job's {hash tag}, so they share one cluster slot):
+--   1 runs     hash   slot -> run record
+--   2 slots    zset   slot (score = slot_ms): history order and pruning
+--   3 running  set    slots whose run may exclude others (RUNNING, lease not
+--                     known to have lapsed): what `overlap = SKIP` looks at
+--   4 fence    string the job's fencing counter, +1 at every win
+--   5 history  stream every claim, takeover, relock, finish, interrupt, end
+--   6 (optional, single server only) the job registry set (claim, prune)
+--   7 (optional, single server only) the claimer's holder index set (claim)
+-- On a cluster, keys 6 and 7 live in other slots: the caller updates them
+-- with separate commands after the step instead.
+--
+-- ARGV[1] is the operation; the rest depends on it (see each branch).
+--
+-- A run record is one string:
+--   STATE attempt fencing lease_until claimed_at finished_at token instance node
+-- (node last: it is the only field that may contain spaces).
+
+local op = ARGV[1]
+
+-- Integers to strings (all values are whole numbers below 2^53; '%d' is
+-- exact for them and cheaper than a float format).
+local function num(x)
+  return string.format('%d', x)
+end
+
+local function decode(v)
+  local st, at, fe, lu, ca, fa, tok, inst, node =
+    string.match(v, '^(%u+) (%d+) (%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%x+) (%d+) (.*)$')
+  if not st then
+    return nil
+  end
+  return {
+    state = st, attempt = tonumber(at), fencing = tonumber(fe),
+    lease_until = tonumber(lu), claimed_at = tonumber(ca), finished_at = tonumber(fa),
+    token = tok, inst = inst, node = node,
+  }
+end
+
+local function encode(r)
+  return r.state .. ' ' .. num(r.attempt) .. ' ' .. num(r.fencing) .. ' ' ..
+    num(r.lease_until) .. ' ' .. num(r.claimed_at) .. ' ' .. num(r.finished_at) .. ' ' ..
+    r.token .. ' ' .. r.inst .. ' ' .. r.node
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The dead-holder set, passed in by the caller's sidecar from its mesh view:
+-- a count and (node, instance) pairs of dead instances, then a count and
+-- (node, newest instance) pairs; any older instance of such a node is dead.
+local function liveness(i)
+  local dead, cur = {}, {}
+  local n = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, n do
+    dead[ARGV[i] .. '\0' .. ARGV[i + 1]] = true
+    i = i + 2
+  end
+  local m = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, m do
+    cur[ARGV[i]] = tonumber(ARGV[i + 1])
+    i = i + 2
+  end
+  return function(node, inst)
+    if dead[node .. '\0' .. inst] then
+      return true
+    end
+    local c = cur[node]
+    return c ~= nil and tonumber(inst) < c
+  end
+end
+
+local function read(slot_s)
+  local v = redis.call('HGET', KEYS[1], slot_s)
+  if not v then
+    return nil, false
+  end
+  local r = decode(v)
+  if not r then
+    return nil, true
+  end
+  return r, false
+end
+
+local function log(ev, slot_s, r, maxlen)
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*',
+    'ev', ev, 'slot', slot_s, 'state', r.state, 'attempt', num(r.attempt),
+    'fencing', num(r.fencing), 'node', r.node, 'instance', r.inst)
+end
+
+local MALFORMED = 'ERR anarchon: malformed run record in '
+
+-- Reply: { code, attempt, fencing, lease_until, now, holder node, holder
+-- instance, reason, created }. code: 1 WON, 2 RUNNING, 3 DONE, 4 LATE,
+-- 5 OVERLAP. created = 1 when this claim created the job's runs hash.
+if op == 'claim' then
+  -- ARGV: 2 slot, 3 token, 4 node, 5 instance, 6 lease_ms, 7 max_late_ms,
+  --       8 overlap skip (0/1), 9 max_attempts, 10 history maxlen,
+  --       11 holder index member, 12 holder index ttl ms, 13 job,
+  --       14.. dead holders
+  local slot_s, token, node, inst = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+  local slot = tonumber(slot_s)
+  local lease_ms, max_late = tonumber(ARGV[6]), tonumber(ARGV[7])
+  local skip = ARGV[8] == '1'
+  local max_attempts = tonumber(ARGV[9])
+  local maxlen = ARGV[10]
+  local is_dead = liveness(14)
+  local now = now_ms()
+
+  local function excludes(r)
+    return r.state == 'RUNNING' and r.lease_until > now and not is_dead(r.node, r.inst)
+  end
+
+  -- Another run of the job that excludes (overlap = SKIP only). Entries that
+  -- can no longer exclude are dropped from the set on the way; a renew or a
+  -- takeover puts a run back.
+  local function overlapping()
+    if not skip then
+      return nil
+    end
+    for _, s in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+      if s ~= slot_s then
+        local o = read(s)
+        if not o or o.state ~= 'RUNNING' or o.lease_until <= now then
+          redis.call('SREM', KEYS[3], s)
+        elseif not is_dead(o.node, o.inst) then
+          return o
+        end
+      end
+    end
+    return nil
+  end
+
+  local function index()
+    if KEYS[7] then
+      redis.call('SADD', KEYS[7], ARGV[11])
+      redis.call('PEXPIRE', KEYS[7], ARGV[12])
+    end
+  end
+
+  local function win(attempt, ev)
+    local r = {
+      state = 'RUNNING', attempt = attempt, fencing = redis.call('INCR', KEYS[4]),
+      lease_until = now + lease_ms, claimed_at = now, finished_at = 0,
+      token = token, inst = inst, node = node,
+    }
+    redis.call('HSET', KEYS[1], slot_s, encode(r))
+    redis.call('ZADD', KEYS[2], slot_s, slot_s)
+    redis.call('SADD', KEYS[3], slot_s)
+    log(ev, slot_s, r, maxlen)
+    index()
+    return { 1, r.attempt, r.fencing, r.lease_until, now, node, inst, '', 0 }
+  end
+
+  local r, malformed = read(slot_s)
+  if malformed then
+    return redis.error_reply(MALFORMED .. KEYS[1])
+  end
+  if not r then
+    if slot ~= 0 and now - slot > max_late then
+      return { 4, 0, 0, 0, now, '', '', 'too_late', 0 }
+    end
+    local o = overlapping()
+    if o then
+      return { 5, 0, 0, 0, now, o.node, o.inst, 'job_running', 0 }
+    end
+    local created = redis.call('EXISTS', KEYS[1]) == 0
+    local res = win(1, 'claim')
+    if created then
+      res[9] = 1
+      if KEYS[6] then
+        redis.call('SADD', KEYS[6], ARGV[13])
+      end
+    end
+    return res
+  end
+  if r.state == 'RUNNING' then
+    if excludes(r) then
+      if r.token == token then
+        -- A resend: the caller still holds the run. No write.
+        index()
+        return { 1, r.attempt, r.fencing, r.lease_until, now, r.node, r.inst, '', 0 }
+      end
+      return { 2, r.attempt, 0, r.lease_until, now, r.node, r.inst, '', 0 }
+    end
+    if slot == 0 or r.attempt < max_attempts then
+      return win(r.attempt + 1, 'takeover')
+    end
+    r.state = 'INTERRUPTED'
+    r.finished_at = now
+    redis.call('HSET', KEYS[1], slot_s, encode(r))
+    redis.call('SREM', KEYS[3], slot_s)
+    log('interrupt', slot_s, r, maxlen)
+    return { 3, r.attempt, 0, 0, now, '', '', 'interrupted', 0 }
+  end
+  if slot == 0 then
+    -- A finished lock is free again.
+    local o = overlapping()
+    if o then
+      return { 5, 0, 0, 0, now, o.node, o.inst, 'job_running', 0 }
+    end
+    return win(r.attempt + 1, 'relock')
+  end
+  local reasons = { SUCCEEDED = 'succeeded', FAILED = 'failed', INTERRUPTED = 'interrupted' }
+  return { 3, r.attempt, 0, 0, now, '', '', reasons[r.state] or 'finished', 0 }
+end
+
+-- Reply: { 1, lease_until, attempt, fencing, now } or { 0, reason }.
+if op == 'renew' then
+  -- ARGV: 2 slot, 3 token, 4 lease_ms, 5.. dead holders
+  local slot_s, token, lease_ms = ARGV[2], ARGV[3], tonumber(ARGV[4])
+  local is_dead = liveness(5)
+  local r, malformed = read(slot_s)
+  if malformed then
+    return redis.error_reply(MALFORMED .. KEYS[1])
+  end
+  if not r then
+    return { 0, 'not_found' }
+  end
+  if r.token ~= token then
+    return { 0, 'taken_over' }
+  end
+  if r.state == 'SUCCEEDED' or r.state == 'FAILED' then
+    return { 0, 'released' }
+  end
+  if r.state ~= 'RUNNING' then
+    return { 0, 'finished' }
+  end
+  if is_dead(r.node, r.inst) then
+    return { 0, 'holder_dead' }
+  end
+  local now = now_ms()
+  r.lease_until = now + lease_ms
+  redis.call('HSET', KEYS[1], slot_s, encode(r))
+  redis.call('SADD', KEYS[3], slot_s)
+  return { 1, r.lease_until, r.attempt, r.fencing, now }
+end
+
+-- Reply: { 1, holder node, holder instance, wrote } or { 0, reason }.
+if op == 'release' then
+  -- ARGV: 2 slot, 3 token, 4 state (SUCCEEDED/FAILED), 5 history maxlen, 6.. dead holders
+  local slot_s, token, state, maxlen = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+  local is_dead = liveness(6)
+  local r, malformed = read(slot_s)
+  if malformed then
+    return redis.error_reply(MALFORMED .. KEYS[1])
+  end
+  if not r then
+    return { 0, 'not_found' }
+  end
+  if r.token ~= token then
+    return { 0, 'taken_over' }
+  end
+  if r.state == 'SUCCEEDED' or r.state == 'FAILED' then
+    return { 1, r.node, r.inst, 0 }
+  end
+  if r.state ~= 'RUNNING' then
+    return { 0, 'finished' }
+  end
+  if is_dead(r.node, r.inst) then
+    return { 0, 'holder_dead' }
+  end
+  r.state = state
+  r.finished_at = now_ms()
+  redis.call('HSET', KEYS[1], slot_s, encode(r))
+  redis.call('SREM', KEYS[3], slot_s)
+  log('finish', slot_s, r, maxlen)
+  return { 1, r.node, r.inst, 1 }
+end
+
+-- Ends a current lease at once, so the next claimer takes the run over.
+-- 'end': the holder of ARGV[3] (a token); 'end_holder': held by the holder
+-- (node ARGV[3], instance ARGV[4]). Reply: { 1, node, instance } or { 0 }.
+if op == 'end' or op == 'end_holder' then
+  -- ARGV: 2 slot, 3 token | node, 4 maxlen | instance, 5 maxlen (end_holder)
+  local slot_s = ARGV[2]
+  local r, malformed = read(slot_s)
+  if malformed then
+    return redis.error_reply(MALFORMED .. KEYS[1])
+  end
+  local maxlen
+  local mine
+  if op == 'end' then
+    maxlen = ARGV[4]
+    mine = r and r.token == ARGV[3]
+  else
+    maxlen = ARGV[5]
+    mine = r and r.node == ARGV[3] and r.inst == ARGV[4]
+  end
+  local now = now_ms()
+  if not mine or r.state ~= 'RUNNING' or r.lease_until <= now then
+    return { 0 }
+  end
+  r.lease_until = now
+  redis.call('HSET', KEYS[1], slot_s, encode(r))
+  redis.call('SREM', KEYS[3], slot_s)
+  log('end', slot_s, r, maxlen)
+  return { 1, r.node, r.inst }
+end
+
+-- Runs newest slot first. Reply: { slot, record, slot, record, ... }.
+if op == 'history' then
+  -- ARGV: 2 max score ('+inf' or '(<slot>'), 3 limit
+  local out = {}
+  local slots = redis.call('ZREVRANGEBYSCORE', KEYS[2], ARGV[2], '-inf', 'LIMIT', 0, ARGV[3])
+  for _, s in ipairs(slots) do
+    local v = redis.call('HGET', KEYS[1], s)
+    if v then
+      out[#out + 1] = s
+      out[#out + 1] = v
+    end
+  end
+  return out
+end
+
+-- Deletes up to ARGV[3] runs claimed before the cutoff that are finished or
+-- whose lease lapsed before it, looking at no more than ARGV[4] of the
+-- oldest slots, and trims the history stream to the cutoff.
+-- Reply: { deleted, runs left (0 = the job has no runs any more) }.
+if op == 'prune' then
+  -- ARGV: 2 cutoff_ms, 3 limit, 4 scan limit, 5 job
+  local cutoff, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local n = 0
+  for _, s in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[2], 'LIMIT', 0, ARGV[4])) do
+    if n >= limit then
+      break
+    end
+    local v = redis.call('HGET', KEYS[1], s)
+    local r = v and decode(v)
+    if not v then
+      redis.call('ZREM', KEYS[2], s)
+      redis.call('SREM', KEYS[3], s)
+    elseif r and r.claimed_at < cutoff and (r.state ~= 'RUNNING' or r.lease_until < cutoff) then
+      redis.call('HDEL', KEYS[1], s)
+      redis.call('ZREM', KEYS[2], s)
+      redis.call('SREM', KEYS[3], s)
+      n = n + 1
+    end
+  end
+  redis.call('XTRIM', KEYS[5], 'MINID', '~', ARGV[2])
+  local left = redis.call('HLEN', KEYS[1])
+  if left == 0 and KEYS[6] then
+    redis.call('SREM', KEYS[6], ARGV[5])
+  end
+  return { n, left }
+end
+
+return redis.error_reply('ERR anarchon: unknown lease operation ' .. tostring(op))

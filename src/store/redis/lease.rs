@@ -1,0 +1,489 @@
+//! Redis `lease`: runs with leases, decided by one Lua script.
+//!
+//! Why the step is atomic: Redis runs a script to completion before it runs
+//! any other command, so the read of the run, the decision (the §3.1 table,
+//! with `now` from `TIME` and the caller's dead-holder set as arguments) and
+//! the writes happen with nothing in between, on every node of the fleet.
+//! The script is called with `EVALSHA`; the redis crate's `Script` loads it
+//! and retries when the server answers `NOSCRIPT` (after a restart, a
+//! failover or `SCRIPT FLUSH`).
+//!
+//! Keys of a job (`{job}` is a cluster hash tag, so they share one slot):
+//! `<prefix>:{<job>}:runs` (hash slot → run), `:slots` (zset, for history and
+//! pruning), `:running` (set, for `overlap = SKIP`), `:fence` (the job's
+//! fencing counter) and `:history` (stream, `MAXLEN ~ history_maxlen`).
+//!
+//! Outside the job's slot: `<prefix>:holder:<node>:<instance>` (set of
+//! `job\0slot` a holder won, for ending its leases when it leaves) and
+//! `<prefix>:jobs` (the jobs with runs, walked by `prune`). On one server the
+//! script updates both inside the step; on a cluster they are in other slots,
+//! so they are updated by separate commands right after it. They are
+//! helpers, never part of a decision: a missed update only means a lease
+//! ends by its clock instead of at a graceful leave, or a job is pruned
+//! later.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use ::redis::{Script, ScriptInvocation, Value};
+use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
+
+use super::{convert, holder_key, reply, Conn, JobKeys, RedisConfig};
+use crate::claim::*;
+use crate::error::{Error, FenceReason, Result};
+use crate::store::{Store, StoreInfo, StoreOptions};
+
+const LEASE_LUA: &str = include_str!("lease.lua");
+
+/// Jobs visited by one `prune` call, at most.
+const PRUNE_JOBS_PER_CALL: usize = 1000;
+/// Cluster only: how many job names this process remembers having
+/// registered, before it forgets them all and registers again.
+const REGISTERED_CACHE: usize = 100_000;
+
+pub struct LeaseStore {
+    conn: Conn,
+    script: Script,
+    prefix: String,
+    history_maxlen: u64,
+    /// TTL of a holder's index set (refreshed at every win).
+    holder_ttl_ms: u64,
+    info: StoreInfo,
+    /// Where the next `prune` continues in the job registry.
+    prune_cursor: tokio::sync::Mutex<u64>,
+    /// Cluster only: jobs this process has put in the registry.
+    registered: Mutex<HashSet<Job>>,
+}
+
+impl LeaseStore {
+    pub(crate) async fn open(conn: Conn, cfg: &RedisConfig, opts: &StoreOptions) -> Result<Self> {
+        let script = Script::new(LEASE_LUA);
+        // Load it now: a broken server or script fails at start, not at the
+        // first claim.
+        script
+            .prepare_invoke()
+            .load_async(&mut conn.clone())
+            .await
+            .map_err(convert)?;
+        Ok(LeaseStore {
+            conn,
+            script,
+            prefix: cfg.prefix.clone(),
+            history_maxlen: cfg.history_maxlen,
+            holder_ttl_ms: opts.retention.as_millis().max(1) as u64,
+            info: StoreInfo {
+                backend: cfg.backend_name(),
+                leases: true,
+                full_history: true,
+                retention: format!(
+                    "runs are kept {} after they are claimed (longer than any late claim may ask); each job's event stream holds about its last {} events",
+                    humantime::format_duration(opts.retention),
+                    cfg.history_maxlen
+                ),
+            },
+            prune_cursor: tokio::sync::Mutex::new(0),
+            registered: Mutex::new(HashSet::new()),
+        })
+    }
+
+    fn registry_key(&self) -> String {
+        format!("{}:jobs", self.prefix)
+    }
+
+    /// An invocation with the job's five keys.
+    fn invocation(&self, job: &Job, op: &str) -> ScriptInvocation<'_> {
+        let k = JobKeys::new(&self.prefix, job);
+        let mut inv = self.script.prepare_invoke();
+        inv.key(k.key("runs"))
+            .key(k.key("slots"))
+            .key(k.key("running"))
+            .key(k.key("fence"))
+            .key(k.key("history"))
+            .arg(op);
+        inv
+    }
+
+    async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<Value>> {
+        let v: Value = inv
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(convert)?;
+        reply::array(v)
+    }
+
+    /// Cluster only: the index updates the script cannot do across slots.
+    async fn after_win(&self, spec: &ClaimSpec, created: bool) -> Result<()> {
+        let key = holder_key(&self.prefix, &spec.holder);
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("SADD")
+            .arg(&key)
+            .arg(member(&spec.job, spec.slot_ms))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(self.holder_ttl_ms)
+            .ignore();
+        pipe.query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(convert)?;
+        let fresh = {
+            let mut reg = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+            if reg.len() >= REGISTERED_CACHE {
+                reg.clear();
+            }
+            reg.insert(spec.job.clone())
+        };
+        if created || fresh {
+            self.conn
+                .query::<()>(
+                    ::redis::cmd("SADD")
+                        .arg(self.registry_key())
+                        .arg(spec.job.as_str()),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn unindex(&self, job: &Job, slot: SlotMs, node: &str, instance: &str) {
+        let Ok(instance) = instance.parse::<u64>() else {
+            return;
+        };
+        let h = Holder {
+            node: node.to_owned(),
+            instance,
+        };
+        let res = self
+            .conn
+            .query::<()>(
+                ::redis::cmd("SREM")
+                    .arg(holder_key(&self.prefix, &h))
+                    .arg(member(job, slot)),
+            )
+            .await;
+        if let Err(e) = res {
+            tracing::debug!(error = %e, "could not update the holder index");
+        }
+    }
+}
+
+/// A holder-index member: `job\0slot`.
+fn member(job: &Job, slot: SlotMs) -> String {
+    format!("{}\0{slot}", job.as_str())
+}
+
+/// The dead-holder set as script arguments: count + pairs, count + pairs.
+fn dead_args(inv: &mut ScriptInvocation<'_>, dead: &DeadHolders) {
+    let explicit: Vec<&Holder> = dead.dead().collect();
+    inv.arg(explicit.len());
+    for h in explicit {
+        inv.arg(&h.node).arg(h.instance);
+    }
+    let current: Vec<(&String, &u64)> = dead.current().collect();
+    inv.arg(current.len());
+    for (node, instance) in current {
+        inv.arg(node).arg(*instance);
+    }
+}
+
+fn fence_error(reason: &str) -> Error {
+    match reason {
+        "not_found" => Error::NotFound("no such run".into()),
+        "taken_over" => Error::Fenced(FenceReason::TakenOver),
+        "released" => Error::Fenced(FenceReason::Released),
+        "finished" => Error::Fenced(FenceReason::Finished),
+        "holder_dead" => Error::Fenced(FenceReason::HolderDead),
+        other => Error::Store(format!("redis: unexpected answer {other:?}")),
+    }
+}
+
+fn static_reason(r: &str) -> Option<&'static str> {
+    Some(match r {
+        "too_late" => "too_late",
+        "job_running" => "job_running",
+        "interrupted" => "interrupted",
+        "succeeded" => "succeeded",
+        "failed" => "failed",
+        "finished" => "finished",
+        _ => return None,
+    })
+}
+
+/// Decodes a run record (the format is documented in `lease.lua`).
+fn decode_run(slot: &str, v: &str) -> Result<RunRow> {
+    let bad = || Error::Store(format!("redis: malformed run record for slot {slot}"));
+    let mut it = v.splitn(9, ' ');
+    let mut next = || it.next().ok_or_else(bad);
+    let state = RunState::parse(next()?)?;
+    let int = |s: &str| s.parse::<i64>().map_err(|_| bad());
+    let attempt = int(next()?)? as u32;
+    let fencing = int(next()?)? as u64;
+    let lease_until_ms = int(next()?)?;
+    let claimed_at_ms = int(next()?)?;
+    let finished_at_ms = int(next()?)?;
+    let token = Token::parse(next()?).map_err(|_| bad())?;
+    let instance = int(next()?)? as u64;
+    let node = next()?.to_owned();
+    Ok(RunRow {
+        slot_ms: int(slot)?,
+        state,
+        attempt,
+        fencing,
+        token,
+        holder: Holder { node, instance },
+        lease_until_ms,
+        claimed_at_ms,
+        finished_at_ms,
+    })
+}
+
+#[async_trait]
+impl Store for LeaseStore {
+    fn info(&self) -> &StoreInfo {
+        &self.info
+    }
+
+    async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Result<ClaimAnswer> {
+        let single = !self.conn.is_cluster();
+        let mut inv = self.invocation(&spec.job, "claim");
+        if single {
+            inv.key(self.registry_key())
+                .key(holder_key(&self.prefix, &spec.holder));
+        }
+        inv.arg(spec.slot_ms)
+            .arg(spec.token.as_str())
+            .arg(&spec.holder.node)
+            .arg(spec.holder.instance)
+            .arg(spec.lease_ms)
+            .arg(spec.max_late_ms)
+            .arg(u8::from(spec.overlap == Overlap::Skip))
+            .arg(spec.max_attempts)
+            .arg(self.history_maxlen)
+            .arg(member(&spec.job, spec.slot_ms))
+            .arg(self.holder_ttl_ms)
+            .arg(spec.job.as_str());
+        dead_args(&mut inv, dead);
+        let r = self.run(&inv).await?;
+        let code = reply::int(r.first())?;
+        let attempt = reply::int(r.get(1))? as u32;
+        let fencing = reply::int(r.get(2))? as u64;
+        let lease_until_ms = reply::int(r.get(3))?;
+        let now_ms = reply::int(r.get(4))?;
+        let node = reply::string(r.get(5))?;
+        let instance = reply::string(r.get(6))?;
+        let reason = static_reason(&reply::string(r.get(7))?);
+        let created = reply::int(r.get(8))? == 1;
+        let holder = if node.is_empty() {
+            None
+        } else {
+            Some(Holder {
+                node,
+                instance: instance.parse().unwrap_or_default(),
+            })
+        };
+        let outcome = match code {
+            1 => Outcome::Won,
+            2 => Outcome::Running,
+            3 => Outcome::Done,
+            4 => Outcome::Late,
+            5 => Outcome::Overlap,
+            other => return Err(Error::Store(format!("redis: unknown claim code {other}"))),
+        };
+        if outcome == Outcome::Won && !single {
+            // The run is ours whatever happens to the helper indexes: a
+            // missed update only costs the graceful end of this lease.
+            if let Err(e) = self.after_win(spec, created).await {
+                tracing::warn!(error = %e, job = %spec.job, "could not index a won run");
+            }
+        }
+        Ok(ClaimAnswer {
+            outcome,
+            token: (outcome == Outcome::Won).then(|| spec.token.clone()),
+            attempt,
+            fencing,
+            lease_until_ms,
+            now_ms,
+            holder,
+            reason,
+        })
+    }
+
+    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
+        let mut inv = self.invocation(&spec.job, "renew");
+        inv.arg(spec.slot_ms)
+            .arg(spec.token.as_str())
+            .arg(spec.lease_ms);
+        dead_args(&mut inv, dead);
+        let r = self.run(&inv).await?;
+        if reply::int(r.first())? != 1 {
+            return Err(fence_error(&reply::string(r.get(1))?));
+        }
+        Ok(Renewed {
+            lease_until_ms: reply::int(r.get(1))?,
+            attempt: reply::int(r.get(2))? as u32,
+            fencing: reply::int(r.get(3))? as u64,
+            now_ms: reply::int(r.get(4))?,
+        })
+    }
+
+    async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()> {
+        let mut inv = self.invocation(&spec.job, "release");
+        inv.arg(spec.slot_ms)
+            .arg(spec.token.as_str())
+            .arg(spec.result.state().as_str())
+            .arg(self.history_maxlen);
+        dead_args(&mut inv, dead);
+        let r = self.run(&inv).await?;
+        if reply::int(r.first())? != 1 {
+            return Err(fence_error(&reply::string(r.get(1))?));
+        }
+        let node = reply::string(r.get(1))?;
+        let instance = reply::string(r.get(2))?;
+        self.unindex(&spec.job, spec.slot_ms, &node, &instance)
+            .await;
+        Ok(())
+    }
+
+    async fn history(
+        &self,
+        job: &Job,
+        limit: u32,
+        before_slot_ms: Option<i64>,
+    ) -> Result<HistoryPage> {
+        let mut inv = self.invocation(job, "history");
+        inv.arg(match before_slot_ms {
+            Some(b) => format!("({b}"),
+            None => "+inf".to_owned(),
+        })
+        .arg(limit);
+        let r = self.run(&inv).await?;
+        let mut runs = Vec::with_capacity(r.len() / 2);
+        for pair in r.chunks(2) {
+            let slot = reply::string(pair.first())?;
+            let rec = reply::string(pair.get(1))?;
+            runs.push(decode_run(&slot, &rec)?);
+        }
+        Ok(HistoryPage {
+            runs,
+            complete: true,
+            note: None,
+        })
+    }
+
+    async fn end_lease(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Result<bool> {
+        let mut inv = self.invocation(job, "end");
+        inv.arg(slot_ms)
+            .arg(token.as_str())
+            .arg(self.history_maxlen);
+        let r = self.run(&inv).await?;
+        if reply::int(r.first())? != 1 {
+            return Ok(false);
+        }
+        let node = reply::string(r.get(1))?;
+        let instance = reply::string(r.get(2))?;
+        self.unindex(job, slot_ms, &node, &instance).await;
+        Ok(true)
+    }
+
+    async fn end_leases_of(&self, holder: &Holder) -> Result<u64> {
+        let key = holder_key(&self.prefix, holder);
+        let members: Vec<Vec<u8>> = self.conn.query(::redis::cmd("SMEMBERS").arg(&key)).await?;
+        let targets: Vec<(Job, SlotMs)> = members
+            .iter()
+            .filter_map(|m| {
+                let s = std::str::from_utf8(m).ok()?;
+                let (job, slot) = s.split_once('\0')?;
+                Some((Job::parse(job).ok()?, slot.parse().ok()?))
+            })
+            .collect();
+        // Concurrent scripts are pipelined on the multiplexed connection.
+        let ended: Vec<bool> = futures::stream::iter(targets)
+            .map(|(job, slot)| async move {
+                let mut inv = self.invocation(&job, "end_holder");
+                inv.arg(slot)
+                    .arg(&holder.node)
+                    .arg(holder.instance)
+                    .arg(self.history_maxlen);
+                let r = self.run(&inv).await?;
+                Ok::<bool, Error>(reply::int(r.first())? == 1)
+            })
+            .buffer_unordered(32)
+            .try_collect()
+            .await?;
+        self.conn.query::<()>(::redis::cmd("DEL").arg(&key)).await?;
+        Ok(ended.into_iter().filter(|&e| e).count() as u64)
+    }
+
+    async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64> {
+        let mut cursor = self.prune_cursor.lock().await;
+        let registry = self.registry_key();
+        let single = !self.conn.is_cluster();
+        let mut removed: u64 = 0;
+        let mut visited = 0usize;
+        loop {
+            let (next, jobs): (u64, Vec<String>) = self
+                .conn
+                .query(
+                    ::redis::cmd("SSCAN")
+                        .arg(&registry)
+                        .arg(*cursor)
+                        .arg("COUNT")
+                        .arg(100),
+                )
+                .await?;
+            for name in jobs {
+                let Ok(job) = Job::parse(&name) else {
+                    continue;
+                };
+                visited += 1;
+                let mut inv = self.invocation(&job, "prune");
+                if single {
+                    inv.key(&registry);
+                }
+                let limit = (batch as u64).saturating_sub(removed).max(1);
+                inv.arg(cutoff_ms)
+                    .arg(limit)
+                    .arg(limit.saturating_mul(4).max(100))
+                    .arg(job.as_str());
+                let r = self.run(&inv).await?;
+                removed += reply::int(r.first())?.max(0) as u64;
+                let left = reply::int(r.get(1))?;
+                if left == 0 && !single {
+                    // Unregister, then look again: a claim that created the
+                    // job meanwhile registers it after its step, so either it
+                    // sees our SREM done or we see its run.
+                    let runs = JobKeys::new(&self.prefix, &job).key("runs");
+                    self.conn
+                        .query::<()>(::redis::cmd("SREM").arg(&registry).arg(job.as_str()))
+                        .await?;
+                    let exists: i64 = self.conn.query(::redis::cmd("EXISTS").arg(&runs)).await?;
+                    if exists > 0 {
+                        self.conn
+                            .query::<()>(::redis::cmd("SADD").arg(&registry).arg(job.as_str()))
+                            .await?;
+                    }
+                    self.registered
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&job);
+                }
+                if removed >= batch as u64 {
+                    // Stay on this page: the caller comes back at once.
+                    return Ok(removed);
+                }
+            }
+            *cursor = next;
+            if next == 0 || visited >= PRUNE_JOBS_PER_CALL {
+                return Ok(removed);
+            }
+        }
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.conn
+            .query::<String>(&::redis::cmd("PING"))
+            .await
+            .map(|_| ())
+    }
+}

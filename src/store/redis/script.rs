@@ -1,0 +1,94 @@
+//! Redis `script`: one Lua script looks for the slot in the job's recent
+//! claims and appends the caller's claim if it is not there.
+//!
+//! Why the step is atomic: Redis runs the script (`script.lua`, `EVALSHA`,
+//! reloaded on `NOSCRIPT`) to completion before any other command, so the
+//! scan of the job's stream and the append cannot be interleaved with
+//! another claim of the job. The script returns the token that holds the
+//! slot; the caller won exactly when it is its own. `now` is Redis's `TIME`.
+//!
+//! The stream only remembers the last `window_ms` (entries are trimmed with
+//! `MINID ~` and the key expires `window_ms` after its last claim). A claim
+//! whose slot could still be claimed after the window forgot it
+//! (`slot_ms + max_late_ms >= now + window_ms`) is refused with
+//! `INVALID_ARGUMENT` instead of risking a second winner later. Works on
+//! Redis < 8.6 and Valkey.
+
+use ::redis::{Script, Value};
+
+use super::once::{once_store, OnceBase};
+use super::{convert, Conn, RedisConfig, Strategy};
+use crate::claim::*;
+use crate::error::Result;
+use crate::store::StoreInfo;
+
+const SCRIPT_LUA: &str = include_str!("script.lua");
+
+pub struct ScriptStore {
+    base: OnceBase,
+    script: Script,
+    window_ms: u64,
+}
+
+impl ScriptStore {
+    pub(crate) async fn open(conn: Conn, cfg: &RedisConfig) -> Result<Self> {
+        let script = Script::new(SCRIPT_LUA);
+        script
+            .prepare_invoke()
+            .load_async(&mut conn.clone())
+            .await
+            .map_err(convert)?;
+        let window = humantime::format_duration(std::time::Duration::from_millis(cfg.window_ms));
+        let info = StoreInfo {
+            backend: cfg.backend_name(),
+            leases: false,
+            full_history: false,
+            retention: format!("claims are kept for window_ms = {window} (script)"),
+        };
+        Ok(ScriptStore {
+            base: OnceBase::new(conn, &cfg.prefix, Strategy::Script, info, cfg.window_ms).await?,
+            script,
+            window_ms: cfg.window_ms,
+        })
+    }
+}
+
+once_store!(ScriptStore);
+
+impl ScriptStore {
+    async fn do_claim(&self, spec: &ClaimSpec) -> Result<ClaimAnswer> {
+        let mut inv = self.script.prepare_invoke();
+        inv.key(self.base.stream_key(&spec.job))
+            .arg(spec.slot_ms)
+            .arg(spec.token.as_str())
+            .arg(&spec.holder.node)
+            .arg(spec.holder.instance)
+            .arg(spec.max_late_ms)
+            .arg(self.window_ms);
+        let v: Value = inv
+            .invoke_async(&mut self.base.conn.clone())
+            .await
+            .map_err(convert)?;
+        self.base.script_answer(spec, v, "max_late_ms")
+    }
+
+    async fn do_release(&self, spec: &ReleaseSpec) -> Result<()> {
+        self.base.release(spec, None).await
+    }
+
+    async fn do_history(
+        &self,
+        job: &Job,
+        limit: u32,
+        before_slot_ms: Option<i64>,
+    ) -> Result<HistoryPage> {
+        let entries = self.base.recent_entries(job).await?;
+        let note = format!(
+            "redis script remembers claims for window_ms = {} ms, and results when released; no leases, attempts or takeovers",
+            self.window_ms
+        );
+        self.base
+            .history_of(job, entries, limit, before_slot_ms, note)
+            .await
+    }
+}
