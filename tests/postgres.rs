@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anarchon::claim::*;
 use anarchon::proto as pb;
 use anarchon::proto::claims_client::ClaimsClient;
-use anarchon::store::{self, StoreOptions};
+use anarchon::store::{self, DynStore, Store, StoreOptions};
 use common::contest::Contest;
 use common::pg;
 use common::process::Sidecar;
@@ -66,6 +66,47 @@ async fn wait_until_blocked(admin: &sqlx::PgPool, application_name: &str) {
     }
 }
 
+/// Opens a transaction that takes `job`'s row lock exactly as a claim's
+/// first statement does.
+async fn lock_job_by_hand(
+    admin: &sqlx::PgPool,
+    prefix: &str,
+    job: &Job,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = admin.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {prefix}_jobs AS j (job, fence) VALUES ($1, 0)
+         ON CONFLICT (job) DO UPDATE SET fence = j.fence"
+    ))
+    .bind(job.as_str())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx
+}
+
+/// A claim on `job` that must complete without waiting (job A is locked by
+/// hand) and win.
+async fn claim_wins_without_waiting(store: &dyn Store, job: &Job, slot: i64) {
+    let a = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.claim(&spec(job, slot, &holder("b", 1)), &DeadHolders::none()),
+    )
+    .await
+    .expect("a claim on job B must not wait for job A's lock")
+    .unwrap();
+    assert_eq!(a.outcome, Outcome::Won, "{a:?}");
+}
+
+/// A claim in a task of its own.
+fn spawn_claim(
+    store: &DynStore,
+    sp: ClaimSpec,
+) -> tokio::task::JoinHandle<anarchon::Result<ClaimAnswer>> {
+    let store = store.clone();
+    tokio::spawn(async move { store.claim(&sp, &DeadHolders::none()).await })
+}
+
 /// While a claim transaction on job A holds A's row lock (opened here by
 /// hand, exactly as the store's first statement does, and writing the run as
 /// a winner would), a claim on job B completes; a claim on A waits for the
@@ -85,15 +126,7 @@ async fn job_lock_scope() {
     let first = holder("first", 1);
     let first_token = Token::generate();
 
-    let mut tx = admin.begin().await.unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO {prefix}_jobs AS j (job, fence) VALUES ($1, 0)
-         ON CONFLICT (job) DO UPDATE SET fence = j.fence"
-    ))
-    .bind(a.as_str())
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    let mut tx = lock_job_by_hand(&admin, &prefix, &a).await;
     sqlx::query(&format!(
         "INSERT INTO {prefix}_runs (job, slot_ms, state, attempt, fencing, token, holder_node,
            holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms)
@@ -111,21 +144,10 @@ async fn job_lock_scope() {
     .unwrap();
 
     // Another job is not behind A's lock.
-    let other = tokio::time::timeout(
-        Duration::from_secs(10),
-        store.claim(&spec(&b, slot, &holder("b", 1)), &DeadHolders::none()),
-    )
-    .await
-    .expect("a claim on job B must not wait for job A's lock")
-    .unwrap();
-    assert_eq!(other.outcome, Outcome::Won, "{other:?}");
+    claim_wins_without_waiting(&*store, &b, slot).await;
 
     // The same job is.
-    let waiter = {
-        let store = store.clone();
-        let sp = spec(&a, slot, &holder("second", 1));
-        tokio::spawn(async move { store.claim(&sp, &DeadHolders::none()).await })
-    };
+    let waiter = spawn_claim(&store, spec(&a, slot, &holder("second", 1)));
     wait_until_blocked(&admin, &pg::application_name(&prefix)).await;
     assert!(
         !waiter.is_finished(),
@@ -159,32 +181,13 @@ async fn cancelled_claim_leaves_no_wait_behind() {
     let (a, b) = (job("cancel-a"), job("cancel-b"));
     let slot = host_now_ms();
 
-    let mut tx = admin.begin().await.unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO {prefix}_jobs AS j (job, fence) VALUES ($1, 0)
-         ON CONFLICT (job) DO UPDATE SET fence = j.fence"
-    ))
-    .bind(a.as_str())
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let waiter = {
-        let store = store.clone();
-        let sp = spec(&a, slot, &holder("a", 1));
-        tokio::spawn(async move { store.claim(&sp, &DeadHolders::none()).await })
-    };
+    let tx = lock_job_by_hand(&admin, &prefix, &a).await;
+    let waiter = spawn_claim(&store, spec(&a, slot, &holder("a", 1)));
     wait_until_blocked(&admin, &pg::application_name(&prefix)).await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
 
-    let other = tokio::time::timeout(
-        Duration::from_secs(10),
-        store.claim(&spec(&b, slot, &holder("b", 1)), &DeadHolders::none()),
-    )
-    .await
-    .expect("a claim on job B must not wait for job A's lock")
-    .unwrap();
-    assert_eq!(other.outcome, Outcome::Won, "{other:?}");
+    claim_wins_without_waiting(&*store, &b, slot).await;
     tx.rollback().await.unwrap();
     pg::drop_tables(&prefix).await;
 }
