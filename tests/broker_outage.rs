@@ -9,8 +9,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,167 +17,8 @@ use anarchon::claim::*;
 use anarchon::error::Error;
 use anarchon::store::{self, DynStore, StoreOptions};
 use common::brokers::{self, amqp_url, nats_url, prefix};
+use common::restart::{self, Guard, Server};
 use common::{holder, job, spec};
-
-/// One outage at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn port_up(addr: &str) -> bool {
-    TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(300)).is_ok()
-}
-
-fn wait_port(addr: &str, up: bool, within: Duration) -> bool {
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if port_up(addr) == up {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
-
-/// Runs a command this test starts, killing it (by its pid) if it takes
-/// longer than `within`.
-fn run(cmd: &str, args: &[&str], within: Duration) -> bool {
-    let mut child = match Command::new(cmd)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{cmd} {args:?}: {e}");
-            return false;
-        }
-    };
-    let end = Instant::now() + within;
-    loop {
-        match child.try_wait() {
-            Ok(Some(st)) => {
-                if !st.success() {
-                    eprintln!("{cmd} {args:?}: {st}");
-                }
-                return st.success();
-            }
-            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(100)),
-            _ => {
-                eprintln!("{cmd} {args:?}: no answer within {within:?}; killed");
-                let _ = child.kill();
-                let _ = child.wait();
-                return false;
-            }
-        }
-    }
-}
-
-// --- RabbitMQ -----------------------------------------------------------------
-
-fn rabbitmq_stop() {
-    assert!(
-        run("rabbitmqctl", &["stop_app"], Duration::from_secs(60)),
-        "rabbitmqctl stop_app"
-    );
-    assert!(
-        wait_port(brokers::AMQP_ADDR, false, Duration::from_secs(30)),
-        "RabbitMQ still listens after stop_app"
-    );
-}
-
-fn rabbitmq_start() {
-    if port_up(brokers::AMQP_ADDR) {
-        return;
-    }
-    run("rabbitmqctl", &["start_app"], Duration::from_secs(90));
-    if !wait_port(brokers::AMQP_ADDR, true, Duration::from_secs(60)) {
-        // The whole node is down: start it.
-        run("rabbitmq-server", &["-detached"], Duration::from_secs(30));
-        wait_port(brokers::AMQP_ADDR, true, Duration::from_secs(120));
-    }
-}
-
-/// Leaves RabbitMQ running, whatever happened.
-struct RabbitGuard;
-
-impl Drop for RabbitGuard {
-    fn drop(&mut self) {
-        rabbitmq_start();
-    }
-}
-
-// --- NATS ---------------------------------------------------------------------
-
-/// The pid of the nats-server listening on 4222, found by its executable.
-fn nats_pid() -> Option<i32> {
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-        if exe.to_string_lossy() != "/usr/sbin/nats-server" {
-            continue;
-        }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        if args.windows(2).any(|w| w[0] == b"-p" && w[1] == b"4222") {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-fn nats_stop() {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
-    let pid = nats_pid().expect("no nats-server on port 4222 to stop");
-    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal nats-server");
-    let end = Instant::now() + Duration::from_secs(30);
-    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        wait_port(brokers::NATS_ADDR, false, Duration::from_secs(10)),
-        "NATS still listens after it was stopped"
-    );
-}
-
-fn nats_start() {
-    if port_up(brokers::NATS_ADDR) {
-        return;
-    }
-    run(
-        "start-stop-daemon",
-        &[
-            "--start",
-            "--oknodo",
-            "--background",
-            "--exec",
-            "/usr/sbin/nats-server",
-            "--",
-            "-a",
-            "127.0.0.1",
-            "-p",
-            "4222",
-            "-js",
-            "-sd",
-            "/var/lib/nats-server",
-            "-l",
-            "/var/log/nats-server.log",
-        ],
-        Duration::from_secs(30),
-    );
-    wait_port(brokers::NATS_ADDR, true, Duration::from_secs(60));
-}
-
-/// Leaves NATS running, whatever happened.
-struct NatsGuard;
-
-impl Drop for NatsGuard {
-    fn drop(&mut self) {
-        nats_start();
-    }
-}
 
 // --- the run of claims ----------------------------------------------------------
 
@@ -269,7 +108,7 @@ async fn claimers(
 /// Wins `n` slots, runs claimers through `stop_broker`/`start_broker`, then
 /// checks that no slot was won twice and that every slot won before or
 /// during the run is still refused to a newcomer.
-async fn outage(url: &str, stop_broker: fn(), start_broker: fn()) {
+async fn outage(url: &str, server: Server) {
     let opts = StoreOptions::default();
     let open = || store::open(url, &opts);
     let s = open().await.unwrap();
@@ -303,9 +142,9 @@ async fn outage(url: &str, stop_broker: fn(), start_broker: fn()) {
         stop.clone(),
     ));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    tokio::task::spawn_blocking(stop_broker).await.unwrap();
+    tokio::task::spawn_blocking(move || server.stop()).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    tokio::task::spawn_blocking(start_broker).await.unwrap();
+    tokio::task::spawn_blocking(move || server.start()).await.unwrap();
     back.store(true, Ordering::SeqCst);
     // Run until the claimers have been answered for a while after the restart.
     let end = Instant::now() + Duration::from_secs(90);
@@ -366,26 +205,26 @@ async fn outage(url: &str, stop_broker: fn(), start_broker: fn()) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_restart_mid_run() {
-    let _one = SERIAL.lock().await;
+    let _one = restart::lock().await;
     if !brokers::rabbitmq_up() {
         return;
     }
-    let _guard = RabbitGuard;
+    let _guard = Guard(Server::RabbitMq);
     // Few durable queues to recover makes a fast, reliable restart.
     brokers::sweep_test_queues().await;
     let url = amqp_url(&prefix(), "&slot_ttl_ms=90000&timeout_ms=2000");
-    outage(&url, rabbitmq_stop, rabbitmq_start).await;
+    outage(&url, Server::RabbitMq).await;
     brokers::sweep_test_queues().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nats_restart_mid_run() {
-    let _one = SERIAL.lock().await;
+    let _one = restart::lock().await;
     if !brokers::nats_up() {
         return;
     }
-    let _guard = NatsGuard;
+    let _guard = Guard(Server::Nats);
     brokers::sweep_old_test_streams().await;
     let url = nats_url(&prefix(), "&timeout_ms=1000");
-    outage(&url, nats_stop, nats_start).await;
+    outage(&url, Server::Nats).await;
 }

@@ -10,6 +10,7 @@ pub mod pg;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod restart;
 pub mod services;
 pub mod suite;
 
