@@ -33,6 +33,8 @@ if [ "$quick" = 0 ]; then
 fi
 echo "== cargo test"
 cargo test --locked --all-targets -- --test-threads "${TEST_THREADS:-2}"
+echo "== cargo fuzz (a bounded smoke run of every target)"
+scripts/fuzz-smoke.sh --seconds "${FUZZ_SECONDS:-20}"
 for t in clients/test.sh helm/test.sh; do
   if [ -x "$t" ]; then echo "== $t"; "$t"; fi
 done
