@@ -1,7 +1,7 @@
 //! A bounded smoke run of the fuzz bodies (`anarchon::fuzzing`) in the
 //! ordinary test command: random bytes, mutations of valid messages, and
 //! random scripts of signed marks. Coverage-guided runs use `cargo fuzz`
-//! (see docs/FUZZING.md). Any panic fails the test.
+//! (`scripts/fuzz-smoke.sh`, see docs/FUZZING.md). Any panic fails the test.
 
 use anarchon::proto as pb;
 use prost::Message;
