@@ -139,8 +139,9 @@ impl Mesh {
             &id.node,
             id.instance,
         );
+        let started = Instant::now();
         for m in load_known(&cfg.data_dir) {
-            table.restore(m);
+            table.restore(m, started);
         }
         table.set_own(
             sign_mark(&id, 1, false, &cfg.advertise, &cfg.labels),

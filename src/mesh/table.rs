@@ -50,6 +50,8 @@ struct Entry {
     /// When this runtime's beat was last seen rising; `None` = never fresh
     /// (restored from disk).
     seen_at: Option<Instant>,
+    /// When it was restored from disk (`seen_at` is `None` until it beats).
+    restored_at: Option<Instant>,
     restarts: u32,
     /// The state last reported, to detect transitions.
     reported: pb::PeerState,
@@ -118,8 +120,13 @@ impl PeerTable {
     }
 
     /// Restores a runtime known before a restart: who was there, never
-    /// freshness. It stays `EXPIRED` until it beats again.
-    pub fn restore(&mut self, mark: pb::Mark) {
+    /// freshness. It is never `ALIVE` until it beats again; for one expiry
+    /// after `now` it is `UNREACHABLE` (not known dead: a live runtime has
+    /// had no chance to reach us yet, so its runs still exclude), then
+    /// `EXPIRED`. Without this grace a restarted sidecar would take over
+    /// every run of every live peer in the moments before its links bring
+    /// their first beats.
+    pub fn restore(&mut self, mark: pb::Mark, now: Instant) {
         if mark.node == self.self_node || self.peers.contains_key(&mark.node) {
             return;
         }
@@ -131,8 +138,9 @@ impl PeerTable {
             Entry {
                 mark,
                 seen_at: None,
+                restored_at: Some(now),
                 restarts: 0,
-                reported: pb::PeerState::Expired,
+                reported: pb::PeerState::Unreachable,
                 direct_rx: None,
             },
         );
@@ -197,6 +205,7 @@ impl PeerTable {
                     seen_at: Some(seen),
                     restarts: 0,
                     reported: pb::PeerState::Alive,
+                    restored_at: None,
                     direct_rx: direct.then_some(now),
                 };
                 e.reported = state_of(&e, now, expiry);
@@ -295,7 +304,9 @@ impl PeerTable {
             .is_some_and(|t| now.saturating_duration_since(t) <= expiry / 2);
         let link = if direct {
             pb::Link::Direct
-        } else if matches!(state, pb::PeerState::Alive | pb::PeerState::Unreachable) {
+        } else if e.seen_at.is_some()
+            && matches!(state, pb::PeerState::Alive | pb::PeerState::Unreachable)
+        {
             pb::Link::Relayed
         } else {
             pb::Link::None
@@ -394,7 +405,10 @@ fn state_of(e: &Entry, now: Instant, expiry: Duration) -> pb::PeerState {
         return pb::PeerState::Left;
     }
     match e.seen_at {
-        None => pb::PeerState::Expired,
+        None => match e.restored_at {
+            Some(r) if now.saturating_duration_since(r) < expiry => pb::PeerState::Unreachable,
+            _ => pb::PeerState::Expired,
+        },
         Some(s) => {
             let age = now.saturating_duration_since(s);
             if age >= expiry {
@@ -630,27 +644,48 @@ mod tests {
         let c = Identity::ephemeral(7);
         let mut t = table(&me);
         let t0 = Instant::now();
-        t.restore(mark(&c, 40, 0));
-        let p = t.peer(&c.node, t0).unwrap();
-        assert_eq!(p.state, pb::PeerState::Expired as i32);
-        assert_eq!(p.beat_age_ms, -1);
-        assert!(
-            t.frame_marks(t0).iter().all(|m| m.node != c.node),
-            "not relayed as fresh"
-        );
+        t.restore(mark(&c, 40, 0), t0);
+        let holder = Holder {
+            node: c.node.clone(),
+            instance: 7,
+        };
+        // Never alive, never relayed as fresh; but for one expiry not known
+        // dead either: a live peer has had no chance to beat at us yet, and
+        // its runs must keep excluding our claimers.
+        for at in [t0, t0 + EXPIRY - Duration::from_millis(1)] {
+            let p = t.peer(&c.node, at).unwrap();
+            assert_eq!(p.state, pb::PeerState::Unreachable as i32);
+            assert_eq!(p.link, pb::Link::None as i32);
+            assert_eq!(p.beat_age_ms, -1);
+            assert!(!t.dead_holders(at).is_dead(&holder));
+            assert!(
+                t.frame_marks(at).iter().all(|m| m.node != c.node),
+                "not relayed as fresh"
+            );
+        }
+        // Older instances of it are dead at once: it restarted since.
         assert!(t.dead_holders(t0).is_dead(&Holder {
             node: c.node.clone(),
-            instance: 7
+            instance: 6
         }));
+        // Silent for one expiry: expired, and its runs are free.
+        let later = t0 + EXPIRY;
+        assert_eq!(t.tick(later), vec![(c.node.clone(), Change::Expired)]);
+        assert_eq!(
+            t.peer(&c.node, later).unwrap().state,
+            pb::PeerState::Expired as i32
+        );
+        assert!(t.dead_holders(later).is_dead(&holder));
         // The same beat again does not revive it; a new beat does.
         assert_eq!(
-            t.ingest(&mark(&c, 40, 0), Some(&c.node), t0),
+            t.ingest(&mark(&c, 40, 0), Some(&c.node), later),
             Err(Refusal::NotNewer)
         );
         assert_eq!(
-            t.ingest(&mark(&c, 41, 0), Some(&c.node), t0),
+            t.ingest(&mark(&c, 41, 0), Some(&c.node), later),
             Ok(Some(Change::Alive))
         );
+        assert!(!t.dead_holders(later).is_dead(&holder));
     }
 
     #[test]
