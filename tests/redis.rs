@@ -635,6 +635,74 @@ async fn redis_down_is_unavailable_then_reconnects() {
     }
 }
 
+/// A Redis that restarts without persistence forgets every claim. The lease
+/// store notices (its memory record is gone): no claim is decided for
+/// `quarantine_ms` (the old lock holder's lease runs out meanwhile), then the
+/// lock is taken with a fencing number above every old one, and a slot from
+/// before the loss is never handed out again.
+#[tokio::test]
+async fn lease_after_redis_forgot_quarantines_then_fences_higher() {
+    let Some(mut server) = PrivateRedis::start() else {
+        return;
+    };
+    let url = format!("{}&quarantine_ms=1500", server.url("lease"));
+    let s = open(&url).await.unwrap();
+    let j = job("forgot");
+    let mut lock = spec(&j, 0, &holder("a", 1));
+    lock.lease_ms = 1000;
+    let old = s.claim(&lock, &none()).await.unwrap();
+    assert_eq!(old.outcome, Outcome::Won);
+    let slot = spec(&j, host_now_ms() - 1, &holder("a", 1));
+    assert_eq!(s.claim(&slot, &none()).await.unwrap().outcome, Outcome::Won);
+
+    server.stop();
+    server.spawn();
+    let restarted = Instant::now();
+    let mut other = spec(&j, 0, &holder("b", 1));
+    other.lease_ms = 1000;
+    let (won, unavailable) = claim_until_answered(&*s, &other, Duration::from_secs(15)).await;
+    let waited = restarted.elapsed();
+    assert_eq!(won.outcome, Outcome::Won, "{won:?}");
+    assert!(unavailable > 0, "the forgotten server was never refused");
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "the lock was handed over {waited:?} after the restart, inside the quarantine"
+    );
+    assert!(
+        waited < Duration::from_secs(6),
+        "the quarantine of 1.5 s lasted {waited:?}"
+    );
+    assert!(
+        won.fencing > old.fencing && won.fencing > 1_000_000_000_000,
+        "fencing went back: {} after {}",
+        won.fencing,
+        old.fencing
+    );
+    // The slot won before the loss is refused, to its old holder too.
+    for h in ["a", "b"] {
+        let again = s
+            .claim(&spec(&j, slot.slot_ms, &holder(h, 1)), &none())
+            .await
+            .unwrap();
+        assert_eq!(again.outcome, Outcome::Late, "{again:?}");
+        assert_eq!(again.reason, Some("store_restarted"));
+    }
+    // A new slot is decided as usual.
+    let next = spec(&j, host_now_ms(), &holder("b", 1));
+    assert_eq!(s.claim(&next, &none()).await.unwrap().outcome, Outcome::Won);
+
+    // A store opened now (a new deployment, nothing to remember) on a
+    // server that forgets: no quarantine, since it saw no record before.
+    server.stop();
+    server.spawn();
+    let fresh = open(&url).await.unwrap();
+    let a = fresh
+        .claim(&spec(&job("new"), host_now_ms(), &holder("c", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!(a.outcome, Outcome::Won, "{a:?}");
+}
+
 // ------------------------------------------------- strategy-specific rules
 
 #[tokio::test]
@@ -732,7 +800,10 @@ async fn lease_keys_carry_the_job_hash_tag_and_history_is_capped() {
         .unwrap();
     for k in &keys {
         assert!(
-            k.contains(&format!("{{{j}}}")) || k.ends_with(":jobs") || k.contains(":holder:"),
+            k.contains(&format!("{{{j}}}"))
+                || k.ends_with(":jobs")
+                || k.ends_with(":memory")
+                || k.contains(":holder:"),
             "{k}"
         );
     }

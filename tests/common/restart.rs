@@ -58,15 +58,22 @@ impl Server {
                 assert!(
                     run(
                         "pg_ctlcluster",
-                        &["--skip-systemctl-redirect", &v, "main", "stop", "-m", "fast"],
+                        &[
+                            "--skip-systemctl-redirect",
+                            &v,
+                            "main",
+                            "stop",
+                            "-m",
+                            "fast"
+                        ],
                         Duration::from_secs(60),
                     ),
                     "pg_ctlcluster stop"
                 );
             }
             Server::Redis => {
-                let pid = pid_of("redis-server", "6379")
-                    .expect("no redis-server on port 6379 to stop");
+                let pid =
+                    pid_of("redis-server", "6379").expect("no redis-server on port 6379 to stop");
                 terminate(pid);
             }
             Server::RabbitMq => {
@@ -76,8 +83,8 @@ impl Server {
                 );
             }
             Server::Nats => {
-                let pid = pid_of("nats-server", "4222")
-                    .expect("no nats-server on port 4222 to stop");
+                let pid =
+                    pid_of("nats-server", "4222").expect("no nats-server on port 4222 to stop");
                 terminate(pid);
             }
         }

@@ -13,6 +13,7 @@
 --   5 history  stream every claim, takeover, relock, finish, interrupt, end
 --   6 (optional, single server only) the job registry set (claim, prune)
 --   7 (optional, single server only) the claimer's holder index set (claim)
+--   8 (optional, single server only) the memory record (claim): see below
 -- On a cluster, keys 6 and 7 live in other slots: the caller updates them
 -- with separate commands after the step instead.
 --
@@ -98,22 +99,60 @@ end
 
 local MALFORMED = 'ERR anarchon: malformed run record in '
 
+-- The memory record, `<prefix>:memory` = "id until floor" (one server only).
+-- A Redis without persistence that restarts forgets every claim; so do
+-- FLUSHALL and eviction. The record tells: a caller that saw the record of
+-- an incarnation (`expected`, its id) and finds no record knows the server
+-- forgot. Then a new record is written: no claim is decided before `until`
+-- (now + quarantine: every lease granted before has run out), and no slot at
+-- or before `floor` (the moment it was found) is ever handed out again, since
+-- it may have been won already. A caller that knew nothing (a new deployment)
+-- starts a record without either. Returns ok, id, until, floor.
+local function memory(now, expected, quarantine_ms)
+  local key = KEYS[8]
+  if not key then
+    return true, '', 0, 0
+  end
+  local v = redis.call('GET', key)
+  if v then
+    local id, untl, floor = string.match(v, '^(%S+) (%d+) (%d+)$')
+    if id then
+      untl, floor = tonumber(untl), tonumber(floor)
+      return untl <= now, id, untl, floor
+    end
+  end
+  local untl, floor = 0, 0
+  if expected ~= '' then
+    untl, floor = now + quarantine_ms, now
+  end
+  local id = string.format('%x', now)
+  redis.call('SET', key, id .. ' ' .. num(untl) .. ' ' .. num(floor))
+  return untl <= now, id, untl, floor
+end
+
 -- Reply: { code, attempt, fencing, lease_until, now, holder node, holder
--- instance, reason, created }. code: 1 WON, 2 RUNNING, 3 DONE, 4 LATE,
--- 5 OVERLAP. created = 1 when this claim created the job's runs hash.
-if op == 'claim' then
+-- instance, reason, created, memory id }. code: 1 WON, 2 RUNNING, 3 DONE, 4 LATE,
+-- 5 OVERLAP, 6 the server forgot its claims (no decision before lease_until).
+-- created = 1 when this claim created the job's runs hash.
+local mem_id = ''
+local function claim()
   -- ARGV: 2 slot, 3 token, 4 node, 5 instance, 6 lease_ms, 7 max_late_ms,
   --       8 overlap skip (0/1), 9 max_attempts, 10 history maxlen,
   --       11 holder index member, 12 holder index ttl ms, 13 job,
-  --       14.. dead holders
+  --       14 expected memory id, 15 quarantine ms, 16.. dead holders
   local slot_s, token, node, inst = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
   local slot = tonumber(slot_s)
   local lease_ms, max_late = tonumber(ARGV[6]), tonumber(ARGV[7])
   local skip = ARGV[8] == '1'
   local max_attempts = tonumber(ARGV[9])
   local maxlen = ARGV[10]
-  local is_dead = liveness(14)
+  local is_dead = liveness(16)
   local now = now_ms()
+  local ok, untl, floor
+  ok, mem_id, untl, floor = memory(now, ARGV[14], tonumber(ARGV[15]))
+  if not ok then
+    return { 6, 0, 0, untl, now, '', '', 'store_restarted', 0 }
+  end
 
   local function excludes(r)
     return r.state == 'RUNNING' and r.lease_until > now and not is_dead(r.node, r.inst)
@@ -147,6 +186,12 @@ if op == 'claim' then
   end
 
   local function win(attempt, ev)
+    if floor > 0 and redis.call('EXISTS', KEYS[4]) == 0 then
+      -- The counter was forgotten with the rest: start above every number
+      -- the forgotten incarnation can have handed out (one per win, fewer
+      -- than the milliseconds since 1970).
+      redis.call('SET', KEYS[4], num(floor))
+    end
     local r = {
       state = 'RUNNING', attempt = attempt, fencing = redis.call('INCR', KEYS[4]),
       lease_until = now + lease_ms, claimed_at = now, finished_at = 0,
@@ -167,6 +212,10 @@ if op == 'claim' then
   if not r then
     if slot ~= 0 and now - slot > max_late then
       return { 4, 0, 0, 0, now, '', '', 'too_late', 0 }
+    end
+    if slot ~= 0 and slot <= floor then
+      -- It may have been won before the server forgot.
+      return { 4, 0, 0, 0, now, '', '', 'store_restarted', 0 }
     end
     local o = overlapping()
     if o then
@@ -211,6 +260,14 @@ if op == 'claim' then
   end
   local reasons = { SUCCEEDED = 'succeeded', FAILED = 'failed', INTERRUPTED = 'interrupted' }
   return { 3, r.attempt, 0, 0, now, '', '', reasons[r.state] or 'finished', 0 }
+end
+
+if op == 'claim' then
+  local res = claim()
+  if not res.err then
+    res[10] = mem_id
+  end
+  return res
 end
 
 -- Reply: { 1, lease_until, attempt, fencing, now } or { 0, reason }.

@@ -54,6 +54,10 @@ pub struct LeaseStore {
     prune_cursor: tokio::sync::Mutex<u64>,
     /// Cluster only: jobs this process has put in the registry.
     registered: Mutex<HashSet<Job>>,
+    /// One server only: the id of the memory record last seen (see
+    /// "Restarts" in docs/stores/redis.md), empty before the first.
+    memory: Mutex<String>,
+    quarantine_ms: u64,
 }
 
 impl LeaseStore {
@@ -66,6 +70,17 @@ impl LeaseStore {
             .load_async(&mut conn.clone())
             .await
             .map_err(convert)?;
+        // The record this server holds now, if any: from here on its loss
+        // means the server forgot.
+        let memory = if conn.is_cluster() {
+            String::new()
+        } else {
+            let v: Option<String> = conn
+                .query(::redis::cmd("GET").arg(memory_key(&cfg.prefix)))
+                .await?;
+            v.and_then(|v| v.split(' ').next().map(str::to_owned))
+                .unwrap_or_default()
+        };
         Ok(LeaseStore {
             conn,
             script,
@@ -84,6 +99,8 @@ impl LeaseStore {
             },
             prune_cursor: tokio::sync::Mutex::new(0),
             registered: Mutex::new(HashSet::new()),
+            memory: Mutex::new(memory),
+            quarantine_ms: cfg.quarantine_ms,
         })
     }
 
@@ -168,6 +185,11 @@ impl LeaseStore {
     }
 }
 
+/// The memory record of a prefix (one server only).
+fn memory_key(prefix: &str) -> String {
+    format!("{prefix}:memory")
+}
+
 /// A holder-index member: `job\0slot`.
 fn member(job: &Job, slot: SlotMs) -> String {
     format!("{}\0{slot}", job.as_str())
@@ -206,6 +228,7 @@ fn static_reason(r: &str) -> Option<&'static str> {
         "succeeded" => "succeeded",
         "failed" => "failed",
         "finished" => "finished",
+        "store_restarted" => "store_restarted",
         _ => return None,
     })
 }
@@ -249,8 +272,14 @@ impl Store for LeaseStore {
         let mut inv = self.invocation(&spec.job, "claim");
         if single {
             inv.key(self.registry_key())
-                .key(holder_key(&self.prefix, &spec.holder));
+                .key(holder_key(&self.prefix, &spec.holder))
+                .key(memory_key(&self.prefix));
         }
+        let expected = self
+            .memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         inv.arg(spec.slot_ms)
             .arg(spec.token.as_str())
             .arg(&spec.holder.node)
@@ -262,9 +291,23 @@ impl Store for LeaseStore {
             .arg(self.history_maxlen)
             .arg(member(&spec.job, spec.slot_ms))
             .arg(self.holder_ttl_ms)
-            .arg(spec.job.as_str());
+            .arg(spec.job.as_str())
+            .arg(&expected)
+            .arg(self.quarantine_ms);
         dead_args(&mut inv, dead);
         let r = self.run(&inv).await?;
+        if single {
+            let seen = reply::string(r.get(9))?;
+            if seen != expected {
+                if !expected.is_empty() {
+                    tracing::warn!(
+                        prefix = %self.prefix,
+                        "redis forgot its claims (a restart without persistence, FLUSHALL or eviction)"
+                    );
+                }
+                *self.memory.lock().unwrap_or_else(|p| p.into_inner()) = seen;
+            }
+        }
         let code = reply::int(r.first())?;
         let attempt = reply::int(r.get(1))? as u32;
         let fencing = reply::int(r.get(2))? as u64;
@@ -288,6 +331,12 @@ impl Store for LeaseStore {
             3 => Outcome::Done,
             4 => Outcome::Late,
             5 => Outcome::Overlap,
+            6 => {
+                return Err(Error::Unavailable(format!(
+                    "redis forgot its claims (a restart without persistence?); no claim is decided for {} ms more",
+                    (lease_until_ms - now_ms).max(0)
+                )))
+            }
             other => return Err(Error::Store(format!("redis: unknown claim code {other}"))),
         };
         if outcome == Outcome::Won && !single {

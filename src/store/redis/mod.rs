@@ -106,6 +106,10 @@ pub struct RedisConfig {
     pub idmp_maxsize: u64,
     /// `lease`: approximate cap of each job's history stream (`XADD … MAXLEN ~`).
     pub history_maxlen: u64,
+    /// `lease`, one server: after the server is found to have forgotten its
+    /// claims (a restart without persistence), no claim is decided for this
+    /// long. It must be at least the longest lease a claim holds.
+    pub quarantine_ms: u64,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -121,6 +125,7 @@ impl fmt::Debug for RedisConfig {
             .field("idmp_duration_ms", &self.idmp_duration_ms)
             .field("idmp_maxsize", &self.idmp_maxsize)
             .field("history_maxlen", &self.history_maxlen)
+            .field("quarantine_ms", &self.quarantine_ms)
             .finish()
     }
 }
@@ -142,6 +147,8 @@ pub const DEFAULT_WINDOW_MS: u64 = 24 * 3_600_000;
 pub const DEFAULT_IDMP_DURATION_MS: u64 = 24 * 3_600_000;
 pub const DEFAULT_IDMP_MAXSIZE: u64 = 10_000;
 pub const DEFAULT_HISTORY_MAXLEN: u64 = 1_000;
+/// Twice the default lease (30 s).
+pub const DEFAULT_QUARANTINE_MS: u64 = 60_000;
 
 impl RedisConfig {
     /// Parses and checks a `redis://` or `redis+cluster://` URL without connecting.
@@ -163,6 +170,7 @@ impl RedisConfig {
             idmp_duration_ms: DEFAULT_IDMP_DURATION_MS,
             idmp_maxsize: DEFAULT_IDMP_MAXSIZE,
             history_maxlen: DEFAULT_HISTORY_MAXLEN,
+            quarantine_ms: DEFAULT_QUARANTINE_MS,
         };
         for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
             let num = |v: &str| {
@@ -176,9 +184,10 @@ impl RedisConfig {
                 "idmp_duration_ms" => cfg.idmp_duration_ms = num(&v)?,
                 "idmp_maxsize" => cfg.idmp_maxsize = num(&v)?,
                 "history_maxlen" => cfg.history_maxlen = num(&v)?,
+                "quarantine_ms" => cfg.quarantine_ms = num(&v)?,
                 other => {
                     return Err(bad(format!(
-                        "unknown redis option {other:?}; known: strategy, prefix, window_ms, idmp_duration_ms, idmp_maxsize, history_maxlen"
+                        "unknown redis option {other:?}; known: strategy, prefix, window_ms, idmp_duration_ms, idmp_maxsize, history_maxlen, quarantine_ms"
                     )))
                 }
             }
@@ -252,6 +261,12 @@ impl RedisConfig {
         }
         if self.history_maxlen == 0 {
             return bad("history_maxlen must be at least 1".into());
+        }
+        if self.quarantine_ms > 7 * 86_400_000 {
+            return bad(format!(
+                "quarantine_ms={} is above a week",
+                self.quarantine_ms
+            ));
         }
         Ok(())
     }
@@ -565,6 +580,9 @@ mod tests {
             (c.strategy, c.prefix.as_str(), c.window_ms, c.history_maxlen),
             (Strategy::Script, "t.x", 5000, 9)
         );
+        assert_eq!(c.quarantine_ms, DEFAULT_QUARANTINE_MS);
+        let c = RedisConfig::parse("redis://h:1/0?quarantine_ms=0").unwrap();
+        assert_eq!(c.quarantine_ms, 0);
         let c =
             RedisConfig::parse("redis+cluster://u:pw@a:7000,b:7001/?strategy=stream-id").unwrap();
         assert!(c.cluster);
@@ -583,6 +601,8 @@ mod tests {
             "redis://h:1?colour=blue",
             "redis://h:1?window_ms=x",
             "redis://h:1?idmp_maxsize=20000",
+            "redis://h:1?quarantine_ms=-1",
+            "redis://h:1?quarantine_ms=999999999999",
             "redis://h:1?idmp_duration_ms=100",
             "redis+cluster://",
             "redis+cluster://a:1/3",
