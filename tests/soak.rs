@@ -51,9 +51,14 @@ impl Store {
                     _dir: None,
                 }
             }),
+            // The amnesia guard's quarantine covers the longest lease held.
             "redis" | "redis-lease" => common::redis::have_redis().then(|| Store {
                 name: "redis-lease",
-                backend: common::redis::url("lease"),
+                backend: format!(
+                    "{}&quarantine_ms={}",
+                    common::redis::url("lease"),
+                    soak::LOCK_LEASE_MS + 1000
+                ),
                 server: Some(Server::Redis),
                 pg_prefix: None,
                 _dir: None,
