@@ -290,6 +290,46 @@ fn answer(r: pb::ClaimResponse) -> Answer {
 
 // --- the claimers ---------------------------------------------------------------
 
+/// Sends one Claim and records what came back; also returns when it was sent.
+async fn ask(
+    ctx: &Ctx,
+    c: &mut ClaimsClient<Channel>,
+    side: usize,
+    req: pb::ClaimRequest,
+) -> (Result<Answer, Fail>, Instant) {
+    let (lock, slot) = (req.slot_ms == 0, req.slot_ms);
+    let (sent, sent_ms) = (Instant::now(), host_now_ms());
+    let res = c.claim(req).await;
+    let answered = Instant::now();
+    let res = match res {
+        Ok(r) => Ok(answer(r.into_inner())),
+        Err(s) => {
+            let f = classify(&s);
+            ctx.fail(f, &s);
+            Err(f)
+        }
+    };
+    if let Ok(a) = &res {
+        if lock && a.outcome == pb::Outcome::Won {
+            *ctx.held.lock().unwrap() = Some(LockHeld {
+                side,
+                fencing: a.fencing,
+                releasing: false,
+            });
+        }
+    }
+    ctx.claim_ev(ClaimEv {
+        lock,
+        side,
+        slot,
+        sent,
+        sent_ms,
+        answered,
+        res: res.clone(),
+    });
+    (res, sent)
+}
+
 /// Asks for every slot it can, one after the other.
 async fn slot_claimer(ctx: Arc<Ctx>, side: usize) {
     let mut c = client(ctx.addrs[side]);
@@ -301,7 +341,7 @@ async fn slot_claimer(ctx: Arc<Ctx>, side: usize) {
         if ctx.stopped() {
             break;
         }
-        // Ask until answered while the slot's claim window is open.
+        // Ask until answered, while the slot's claim window is open.
         while host_now_ms() - slot <= SLOT_LATE_MS - SLOT_MARGIN_MS {
             let req = pb::ClaimRequest {
                 job: ctx.slot_job.clone(),
@@ -311,23 +351,9 @@ async fn slot_claimer(ctx: Arc<Ctx>, side: usize) {
                 wait_ms: SLOT_WAIT_MS,
                 ..Default::default()
             };
-            let (sent, sent_ms) = (Instant::now(), host_now_ms());
-            let res = c.claim(req).await;
-            let answered = Instant::now();
-            match res {
-                Ok(r) => {
-                    let a = answer(r.into_inner());
-                    let won = a.outcome == pb::Outcome::Won;
-                    ctx.claim_ev(ClaimEv {
-                        lock: false,
-                        side,
-                        slot,
-                        sent,
-                        sent_ms,
-                        answered,
-                        res: Ok(a.clone()),
-                    });
-                    if won {
+            match ask(&ctx, &mut c, side, req).await {
+                (Ok(a), sent) => {
+                    if a.outcome == pb::Outcome::Won {
                         let work = rand::thread_rng().gen_range(10..50);
                         tokio::time::sleep(Duration::from_millis(work)).await;
                         let deadline = sent + Duration::from_millis(a.valid_for_ms.max(0) as u64);
@@ -335,23 +361,10 @@ async fn slot_claimer(ctx: Arc<Ctx>, side: usize) {
                     }
                     break;
                 }
-                Err(s) => {
-                    let f = classify(&s);
-                    ctx.fail(f, &s);
-                    ctx.claim_ev(ClaimEv {
-                        lock: false,
-                        side,
-                        slot,
-                        sent,
-                        sent_ms,
-                        answered,
-                        res: Err(f),
-                    });
-                    if !f.retry() {
-                        break;
-                    }
+                (Err(f), _) if f.retry() => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                (Err(_), _) => break,
             }
         }
     }
@@ -418,47 +431,12 @@ async fn lock_claimer(ctx: Arc<Ctx>, side: usize) {
             wait_ms: LOCK_WAIT_MS,
             ..Default::default()
         };
-        let (sent, sent_ms) = (Instant::now(), host_now_ms());
-        let res = c.claim(req).await;
-        let answered = Instant::now();
-        match res {
-            Ok(r) => {
-                let a = answer(r.into_inner());
-                let won = a.outcome == pb::Outcome::Won;
-                if won {
-                    *ctx.held.lock().unwrap() = Some(LockHeld {
-                        side,
-                        fencing: a.fencing,
-                        releasing: false,
-                    });
-                }
-                ctx.claim_ev(ClaimEv {
-                    lock: true,
-                    side,
-                    slot: 0,
-                    sent,
-                    sent_ms,
-                    answered,
-                    res: Ok(a.clone()),
-                });
-                if won {
-                    hold(&ctx, &mut c, side, &a, sent).await;
-                }
+        match ask(&ctx, &mut c, side, req).await {
+            (Ok(a), sent) if a.outcome == pb::Outcome::Won => {
+                hold(&ctx, &mut c, side, &a, sent).await;
             }
-            Err(s) => {
-                let f = classify(&s);
-                ctx.fail(f, &s);
-                ctx.claim_ev(ClaimEv {
-                    lock: true,
-                    side,
-                    slot: 0,
-                    sent,
-                    sent_ms,
-                    answered,
-                    res: Err(f),
-                });
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            (Ok(_), _) => {}
+            (Err(_), _) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
 }
