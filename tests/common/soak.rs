@@ -1045,35 +1045,36 @@ impl Report {
                         .iter()
                         .any(|k| k.side == p.side && k.at_ms >= p.sent_ms && k.at_ms <= a.now_ms);
                     if a.now_ms < lease_until && !dead {
-                        // What happened just before: the winner's own sidecar
-                        // had just restarted, or the store had restarted.
-                        let restarted = rec.kills.iter().find(|k| {
-                            k.side == w.side
-                                && k.up_ms <= a.now_ms
-                                && a.now_ms - k.up_ms < EXPIRY as i64
-                        });
+                        // What happened just before: a restart of the
+                        // winner's sidecar, of any sidecar, or of the store.
+                        let since = |side: Option<usize>| {
+                            rec.kills
+                                .iter()
+                                .filter(|k| side.is_none_or(|s| k.side == s) && k.up_ms <= a.now_ms)
+                                .map(|k| a.now_ms - k.up_ms)
+                                .min()
+                        };
                         let store = rec
                             .restart
                             .as_ref()
                             .is_some_and(|s| pa.now_ms < s.stop_ms && s.stop_ms <= a.now_ms);
-                        let cause = match (restarted, store) {
-                            (_, true) => "store restart".to_string(),
-                            (Some(k), false) => format!(
-                                "{} ms after the winner's sidecar restarted",
-                                a.now_ms - k.up_ms
+                        let (kind, cause) = match (store, since(Some(w.side))) {
+                            (true, _) => ("store_restart", "the store restarted in between".to_string()),
+                            (false, Some(ms)) if ms < EXPIRY as i64 => (
+                                "winner_sidecar_restarted_within_expiry",
+                                format!("{ms} ms after the winner's sidecar restarted"),
                             ),
-                            (None, false) => "no kill or restart explains it".to_string(),
+                            (false, w_ms) => (
+                                "other",
+                                format!(
+                                    "the winner's sidecar restarted {} ms before, the holder's {} ms before, any sidecar {} ms before",
+                                    w_ms.map_or("never".into(), |v| v.to_string()),
+                                    since(Some(p.side)).map_or("never".into(), |v| v.to_string()),
+                                    since(None).map_or("never".into(), |v| v.to_string()),
+                                ),
+                            ),
                         };
-                        *r.double_wins_by_cause
-                            .entry(
-                                match (restarted, store) {
-                                    (_, true) => "store_restart",
-                                    (Some(_), false) => "winner_sidecar_just_restarted",
-                                    (None, false) => "unexplained",
-                                }
-                                .into(),
-                            )
-                            .or_default() += 1;
+                        *r.double_wins_by_cause.entry(kind.into()).or_default() += 1;
                         r.double_wins += 1;
                         r.incidents.push(format!(
                             "double win at {}: {what}: fencing {} (sidecar {}) told WON while fencing {} (sidecar {}, never killed) held it with {} ms of lease left ({cause})",
@@ -1269,17 +1270,11 @@ impl Report {
             "load average before / after",
             format!("{} / {}", self.load_before, self.load_after),
         );
-        for c in self.chaos.iter().take(12) {
+        for c in &self.chaos {
             t.push_str(&format!("  - {c}\n"));
         }
-        if self.chaos.len() > 12 {
-            t.push_str(&format!("  - … {} more\n", self.chaos.len() - 12));
-        }
-        for i in self.incidents.iter().take(30) {
+        for i in &self.incidents {
             t.push_str(&format!("  ! {i}\n"));
-        }
-        if self.incidents.len() > 30 {
-            t.push_str(&format!("  ! … {} more\n", self.incidents.len() - 30));
         }
         t
     }
