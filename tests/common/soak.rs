@@ -187,6 +187,8 @@ pub struct Kill {
     pub at: Instant,
     pub at_ms: i64,
     pub up: Option<Instant>,
+    /// Just before the new process was spawned (host epoch ms).
+    pub respawn_ms: i64,
     pub up_ms: i64,
     /// The lock's fencing number when its holder sat on the victim.
     pub lock_fencing: Option<u64>,
@@ -643,10 +645,14 @@ fn chaos(ctx: &Ctx, plan: &Plan, sidecars: &mut [Sidecar], start: Instant) {
                     at: at_kill,
                     at_ms,
                     up: None,
+                    respawn_ms: i64::MAX,
                     up_ms: i64::MAX,
                     lock_fencing,
                 });
                 std::thread::sleep(Duration::from_millis(DOWN_MS));
+                if let Some(k) = ctx.rec.lock().unwrap().kills.last_mut() {
+                    k.respawn_ms = host_now_ms();
+                }
                 sidecars[v].restart();
                 let up = Instant::now();
                 if let Some(k) = ctx.rec.lock().unwrap().kills.last_mut() {
@@ -1050,8 +1056,10 @@ impl Report {
                         let since = |side: Option<usize>| {
                             rec.kills
                                 .iter()
-                                .filter(|k| side.is_none_or(|s| k.side == s) && k.up_ms <= a.now_ms)
-                                .map(|k| a.now_ms - k.up_ms)
+                                .filter(|k| {
+                                    side.is_none_or(|s| k.side == s) && k.respawn_ms <= a.now_ms
+                                })
+                                .map(|k| a.now_ms - k.respawn_ms)
                                 .min()
                         };
                         let store = rec
@@ -1062,7 +1070,7 @@ impl Report {
                             (true, _) => ("store_restart", "the store restarted in between".to_string()),
                             (false, Some(ms)) if ms < EXPIRY as i64 => (
                                 "winner_sidecar_restarted_within_expiry",
-                                format!("{ms} ms after the winner's sidecar restarted"),
+                                format!("{ms} ms after the winner's sidecar was started again"),
                             ),
                             (false, w_ms) => (
                                 "other",
@@ -1077,11 +1085,13 @@ impl Report {
                         *r.double_wins_by_cause.entry(kind.into()).or_default() += 1;
                         r.double_wins += 1;
                         r.incidents.push(format!(
-                            "double win at {}: {what}: fencing {} (sidecar {}) told WON while fencing {} (sidecar {}, never killed) held it with {} ms of lease left ({cause})",
+                            "double win at {}: {what}: fencing {} attempt {} (sidecar {}) told WON while fencing {} attempt {} (sidecar {}, never killed) held it with {} ms of lease left ({cause})",
                             at(a.now_ms),
                             a.fencing,
+                            a.attempt,
                             w.side,
                             pa.fencing,
+                            pa.attempt,
                             p.side,
                             lease_until - a.now_ms
                         ));
