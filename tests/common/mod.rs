@@ -12,6 +12,7 @@ pub mod proxy;
 pub mod redis;
 pub mod restart;
 pub mod services;
+pub mod soak;
 pub mod suite;
 
 use anarchon::claim::*;
