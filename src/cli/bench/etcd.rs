@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 
-use super::process::{free_port, status_kib, wait_ready, Guarded, ProcFigures, RssSampler};
+use super::process::{
+    cpu_seconds, cpu_us_per_claim, free_port, status_kib, wait_ready, Guarded, ProcFigures,
+    RssSampler,
+};
 use super::{drive, PathFigures};
 
 /// An etcd server started by the bench; killed when dropped.
@@ -118,6 +121,8 @@ impl EtcdServer {
         let base = crate::claim::host_now_ms();
         let run = format!("{:x}", rand::random::<u32>());
         let sampler = RssSampler::start(self.child.pid());
+        let pid = self.child.pid().to_string();
+        let (server0, clients0) = (cpu_seconds(&pid), cpu_seconds("self"));
         let fig = drive(clients, seconds, move |c, n| {
             let (mut cl, lease) = conns[c].clone();
             let key = format!("/anarchon-bench/{run}/bench-{c}/{}", base + n as i64);
@@ -135,6 +140,9 @@ impl EtcdServer {
             }
         })
         .await;
+        let claims = fig.as_ref().map_or(0, |f| f.claims);
+        self.figures.clients_cpu_us = cpu_us_per_claim(clients0, cpu_seconds("self"), claims);
+        self.figures.server_cpu_us = cpu_us_per_claim(server0, cpu_seconds(&pid), claims);
         self.figures.rss_load_kib = Some(sampler.finish().await);
         self.child.check_running()?;
         self.figures.hwm_kib = status_kib(self.child.pid(), "VmHWM");

@@ -301,6 +301,7 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
         sidecar::in_process(&url, &dir).await?
     };
     let sc_fig = sc.measure(clients, a.seconds).await?;
+    let fresh_cpu = (sc.figures.server_cpu_us, sc.figures.clients_cpu_us);
 
     let aged = match (a.age, &store) {
         (Some(n), Some(s)) => {
@@ -324,7 +325,8 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    let proc = sc.figures.clone();
+    let mut proc = sc.figures.clone();
+    (proc.server_cpu_us, proc.clients_cpu_us) = fresh_cpu;
     drop(sc);
     drop(store);
 
@@ -357,12 +359,18 @@ fn opt_mib(kib: Option<u64>) -> serde_json::Value {
     json!(kib.map(|k| round(mib(k))))
 }
 
+fn cpu_json(c: Option<(f64, f64)>) -> serde_json::Value {
+    json!(c.map(|(u, s)| json!({"user": round(u), "system": round(s)})))
+}
+
 fn proc_json(p: &ProcFigures) -> serde_json::Value {
     json!({
         "ready_ms": round(p.ready_ms()),
         "rss_idle_mib": opt_mib(p.rss_idle_kib),
         "rss_load_mib": opt_mib(p.rss_load_kib),
         "rss_hwm_mib": opt_mib(p.hwm_kib),
+        "server_cpu_us_per_claim": cpu_json(p.server_cpu_us),
+        "clients_cpu_us_per_claim": cpu_json(p.clients_cpu_us),
     })
 }
 
@@ -387,6 +395,7 @@ impl Report {
             "rss_idle_mib": opt_mib(self.proc.rss_idle_kib),
             "rss_load_mib": opt_mib(self.proc.rss_load_kib),
             "rss_hwm_mib": opt_mib(self.proc.hwm_kib),
+            "process": proc_json(&self.proc),
             "loadavg_start": self.load.0,
             "loadavg_end": self.load.1,
         });
@@ -467,7 +476,22 @@ impl Report {
             m(p.rss_load_kib),
             m(p.hwm_kib)
         );
+        let cpu = |c: Option<(f64, f64)>| {
+            c.map_or("-".to_owned(), |(u, s)| {
+                format!("{u:.0} user + {s:.0} system")
+            })
+        };
+        println!(
+            "sidecar: CPU µs per claim: server {}, load clients {}",
+            cpu(p.server_cpu_us),
+            cpu(p.clients_cpu_us)
+        );
         if let Some((_, p)) = &self.etcd {
+            println!(
+                "etcd:    CPU µs per claim: server {}, load clients {}",
+                cpu(p.server_cpu_us),
+                cpu(p.clients_cpu_us)
+            );
             println!(
                 "etcd:    ready in {:.0} ms, RSS idle {} MiB, under load {} MiB (peak {} MiB)",
                 p.ready_ms(),

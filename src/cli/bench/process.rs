@@ -83,6 +83,30 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// User and system CPU seconds a process has used (`/proc/<pid>/stat`,
+/// `utime` and `stime`, in USER_HZ = 100 ticks a second); `pid` may be
+/// `self`.
+pub fn cpu_seconds(pid: &str) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses: state is
+    // field 3 of the whole line, utime 14 and stime 15.
+    let rest = text.get(text.rfind(')')? + 1..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i)?.parse::<u64>().ok().map(|t| t as f64 / 100.0);
+    Some((tick(11)?, tick(12)?))
+}
+
+/// CPU used between two [`cpu_seconds`] readings, in µs per claim.
+pub fn cpu_us_per_claim(
+    before: Option<(f64, f64)>,
+    after: Option<(f64, f64)>,
+    claims: u64,
+) -> Option<(f64, f64)> {
+    let ((u0, s0), (u1, s1)) = (before?, after?);
+    let n = claims.max(1) as f64;
+    Some(((u1 - u0) * 1e6 / n, (s1 - s0) * 1e6 / n))
+}
+
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
@@ -124,6 +148,10 @@ pub struct ProcFigures {
     pub rss_load_kib: Option<u64>,
     /// `VmHWM`: the peak resident set over the process's life.
     pub hwm_kib: Option<u64>,
+    /// CPU (user, system) µs per claim of the last measured load: the
+    /// server process's, and the load clients' (the bench process's).
+    pub server_cpu_us: Option<(f64, f64)>,
+    pub clients_cpu_us: Option<(f64, f64)>,
 }
 
 impl ProcFigures {

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
-use super::process::{free_port, status_kib, wait_ready, Guarded, ProcFigures, RssSampler};
+use super::process::{
+    cpu_seconds, cpu_us_per_claim, free_port, status_kib, wait_ready, Guarded, ProcFigures,
+    RssSampler,
+};
 use super::{drive, PathFigures};
 use crate::claim::host_now_ms;
 use crate::proto as pb;
@@ -142,6 +145,9 @@ impl Sidecar {
         let base = host_now_ms();
         let run = format!("{:x}", rand::random::<u32>());
         let sampler = self.child.as_ref().map(|c| RssSampler::start(c.pid()));
+        let pid = self.child.as_ref().map(|c| c.pid().to_string());
+        let server0 = pid.as_deref().and_then(cpu_seconds);
+        let clients0 = cpu_seconds("self");
         let fig = drive(clients, seconds, move |c, n| {
             let mut cl = conns[c].clone();
             let job = format!("bench-{run}-{c}");
@@ -155,6 +161,10 @@ impl Sidecar {
             }
         })
         .await;
+        let claims = fig.as_ref().map_or(0, |f| f.claims);
+        self.figures.clients_cpu_us = cpu_us_per_claim(clients0, cpu_seconds("self"), claims);
+        self.figures.server_cpu_us =
+            cpu_us_per_claim(server0, pid.as_deref().and_then(cpu_seconds), claims);
         if let Some(s) = sampler {
             let peak = s.finish().await;
             self.figures.rss_load_kib = Some(peak.max(self.figures.rss_load_kib.unwrap_or(0)));
