@@ -67,7 +67,7 @@ for b in "${backends[@]}"; do
     echo "== $b, $c clients, --against $against; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     "$bin" bench --backend "$(url_for "$b" "$c")" --clients "$c" --seconds "$seconds" \
       --against "$against" --json \
-      | jq -c --arg label "$b" --arg at "$(date -u +%FT%TZ)" '. + {label: $label, at: $at}' >>"$out"
+      | jq -c --arg l "$b" --arg at "$(date -u +%FT%TZ)" '. + {"label": $l, "at": $at}' >>"$out"
   done
 done
 echo "bench-matrix: done; uptime: $(uptime)" >&2

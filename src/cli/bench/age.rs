@@ -70,6 +70,8 @@ pub async fn age(
         node: "bench-age".into(),
         instance: 1,
     };
+    // Aging that mostly fails would measure nothing: stop early.
+    let give_up = (n / 100).max(1000);
     let started = Instant::now();
     let mut handles = Vec::new();
     for _ in 0..tasks.max(1) {
@@ -79,7 +81,7 @@ pub async fn age(
         handles.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
+                if i >= n || errors.load(Ordering::Relaxed) > give_up {
                     break;
                 }
                 let Ok(job) = Job::parse(&format!("age-{run}-{}", i % JOBS)) else {
@@ -88,7 +90,10 @@ pub async fn age(
                 };
                 let spec = ClaimSpec {
                     job: job.clone(),
-                    slot_ms: base + (i / JOBS) as i64,
+                    // Unique per run and 10 ms apart, so the slots stay
+                    // ahead of the clock (a slot more than max-late behind
+                    // it would be answered LATE) at any rate above 100/s.
+                    slot_ms: base + 10 * i as i64,
                     token: Token::generate(),
                     holder: holder.clone(),
                     lease_ms: 30_000,
@@ -120,7 +125,7 @@ pub async fn age(
         }));
     }
     let progress = {
-        let done = done.clone();
+        let (done, errors) = (done.clone(), errors.clone());
         tokio::spawn(async move {
             let mut shown = 0;
             loop {
@@ -129,8 +134,9 @@ pub async fn age(
                 if !quiet && n >= 10 && d * 10 / n > shown {
                     shown = d * 10 / n;
                     eprintln!(
-                        "anarchon bench: aged {d} of {n} runs in {:.0} s",
-                        started.elapsed().as_secs_f64()
+                        "anarchon bench: aged {d} of {n} runs in {:.0} s ({} failed)",
+                        started.elapsed().as_secs_f64(),
+                        errors.load(Ordering::Relaxed)
                     );
                 }
             }
@@ -140,6 +146,13 @@ pub async fn age(
         h.await?;
     }
     progress.abort();
+    let failed = errors.load(Ordering::Relaxed);
+    if failed > give_up {
+        anyhow::bail!(
+            "aging gave up: {failed} of {} claims or releases did not finish a run",
+            done.load(Ordering::Relaxed) + failed
+        );
+    }
     Ok((
         done.load(Ordering::Relaxed),
         errors.load(Ordering::Relaxed),
