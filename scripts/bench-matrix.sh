@@ -13,6 +13,8 @@
 #   ETCD_WITH=sqlite    the backend whose runs also measure etcd (--against
 #                       etcd), so etcd is measured once per client count
 #   OUT=docs/benchmarks/matrix.jsonl
+#   APPEND=1            keep the lines already in OUT (repeats: the plot and
+#                       tables take the median of each cell)
 #   BUILD=0             use the binary already built
 #   CARGO_TARGET_DIR    where that binary is (default target)
 #
@@ -42,6 +44,9 @@ cleanup() {
       "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', tablename) FROM pg_tables WHERE tablename LIKE 'bench_${tag}%'" \
       2>/dev/null | psql -q -h 127.0.0.1 -U postgres test >/dev/null 2>&1 || true
   fi
+  if command -v redis-cli >/dev/null; then
+    redis-cli --scan --pattern "bench_${tag}*" | xargs -r -n 1000 redis-cli DEL >/dev/null || true
+  fi
 }
 trap cleanup EXIT
 
@@ -58,7 +63,7 @@ url_for() { # backend clients
 }
 
 mkdir -p "$(dirname "$out")"
-: >"$out"
+[ "${APPEND:-0}" = 1 ] || : >"$out"
 echo "bench-matrix: $seconds s per path, $(nproc) cores; uptime: $(uptime)" >&2
 for b in "${backends[@]}"; do
   for c in "${clients[@]}"; do
