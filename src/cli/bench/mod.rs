@@ -250,11 +250,18 @@ struct AgedReport {
     sidecar: PathFigures,
 }
 
+/// Resolves on Ctrl-C; never, if the handler cannot be installed.
+async fn interrupted() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 pub async fn bench(a: BenchArgs) -> ExitCode {
     // Ctrl-C drops the run, and with it every child process it started.
     let r = tokio::select! {
         r = bench_inner(&a) => r,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = interrupted() => Err(anyhow::anyhow!("interrupted")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
