@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The benchmark matrix of docs/BENCHMARKS.md: `anarchon bench` (release
+# build with the `etcd` feature) against every local store at 1, 16 and 64
+# clients, one JSON line per run into docs/benchmarks/matrix.jsonl, then
+# scripts/plot-bench.py renders docs/benchmarks/claims.png and prints the
+# markdown tables.
+#
+#   scripts/bench-matrix.sh [SECONDS]          # default 5 s per path
+#
+# Environment:
+#   CLIENTS="1 16 64"   client counts
+#   BACKENDS="sqlite postgres redis-lease redis-stream-id rabbitmq nats"
+#   ETCD_WITH=sqlite    the backend whose runs also measure etcd (--against
+#                       etcd), so etcd is measured once per client count
+#   OUT=docs/benchmarks/matrix.jsonl
+#   APPEND=1            keep the lines already in OUT (repeats: the plot and
+#                       tables take the median of each cell)
+#   BUILD=0             use the binary already built
+#   CARGO_TARGET_DIR    where that binary is (default target)
+#
+# Needs the stores on loopback (scripts/services), etcd (Debian:
+# etcd-server) and protoc for the build (Debian: protobuf-compiler).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-5}
+read -r -a clients <<<"${CLIENTS:-1 16 64}"
+read -r -a backends <<<"${BACKENDS:-sqlite postgres redis-lease redis-stream-id rabbitmq nats}"
+etcd_with=${ETCD_WITH:-sqlite}
+out=${OUT:-docs/benchmarks/matrix.jsonl}
+bin=${CARGO_TARGET_DIR:-target}/release/anarchon
+
+if [ "${BUILD:-1}" = 1 ]; then
+  PROTOC=${PROTOC:-$(command -v protoc || echo /usr/bin/protoc)} \
+    cargo build --release --locked --features etcd
+fi
+
+tag=m$(date +%s)
+tmp=$(mktemp -d)
+cleanup() {
+  rm -rf "$tmp"
+  # The PostgreSQL tables of this matrix (prefix bench_$tag).
+  if command -v psql >/dev/null; then
+    psql -qAt -h 127.0.0.1 -U postgres test -c \
+      "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', tablename) FROM pg_tables WHERE tablename LIKE 'bench_${tag}%'" \
+      2>/dev/null | psql -q -h 127.0.0.1 -U postgres test >/dev/null 2>&1 || true
+  fi
+  if command -v redis-cli >/dev/null; then
+    redis-cli --scan --pattern "bench_${tag}*" | xargs -r -n 1000 redis-cli DEL >/dev/null || true
+  fi
+}
+trap cleanup EXIT
+
+url_for() { # backend clients
+  case $1 in
+    sqlite) echo "sqlite://$tmp/sqlite-$2.db" ;;
+    postgres) echo "postgres://postgres@127.0.0.1:5432/test?table=bench_${tag}_$2&max_connections=64" ;;
+    redis-lease) echo "redis://127.0.0.1:6379/0?strategy=lease&prefix=bench_${tag}_lease_$2" ;;
+    redis-stream-id) echo "redis://127.0.0.1:6379/0?strategy=stream-id&prefix=bench_${tag}_sid_$2" ;;
+    rabbitmq) echo "amqp://guest:guest@127.0.0.1:5672/%2f?prefix=bench_${tag}_$2&slot_ttl_ms=120000" ;;
+    nats) echo "nats://127.0.0.1:4222?prefix=bench_${tag}_$2" ;;
+    *) echo "unknown backend $1" >&2; return 1 ;;
+  esac
+}
+
+mkdir -p "$(dirname "$out")"
+[ "${APPEND:-0}" = 1 ] || : >"$out"
+echo "bench-matrix: $seconds s per path, $(nproc) cores; uptime: $(uptime)" >&2
+for b in "${backends[@]}"; do
+  for c in "${clients[@]}"; do
+    against=raw
+    [ "$b" = "$etcd_with" ] && against=etcd
+    echo "== $b, $c clients, --against $against; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    "$bin" bench --backend "$(url_for "$b" "$c")" --clients "$c" --seconds "$seconds" \
+      --against "$against" --json \
+      | jq -c --arg l "$b" --arg at "$(date -u +%FT%TZ)" '. + {"label": $l, "at": $at}' >>"$out"
+  done
+done
+echo "bench-matrix: done; uptime: $(uptime)" >&2
+
+venv=${HOME}/.cache/anarchon-bench-venv
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -r scripts/plot-bench.requirements.txt
+fi
+"$venv/bin/python" scripts/plot-bench.py "$out" docs/benchmarks/claims.png

@@ -1,0 +1,189 @@
+//! Child processes of the bench (a real `anarchon serve`, the etcd server):
+//! a kill-on-drop guard, free loopback ports, and memory read from
+//! `/proc/<pid>/status`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// A child process that is killed and reaped when dropped, on every path out
+/// of the bench (success, error, Ctrl-C).
+pub struct Guarded {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Guarded {
+    /// Starts `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &'static str, mut cmd: Command, log: &Path) -> anyhow::Result<Guarded> {
+        let out = std::fs::File::create(log)
+            .with_context(|| format!("cannot create {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .with_context(|| format!("cannot start {name} ({:?})", cmd.get_program()))?;
+        Ok(Guarded {
+            child,
+            name,
+            log: log.to_owned(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Fails, with the end of its log, if the process has exited.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited early ({status}); the end of its log {}:\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// The last lines of the child's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A `kB` field (`VmRSS`, `VmHWM`) of `/proc/<pid>/status`, in KiB.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// User and system CPU seconds a process has used (`/proc/<pid>/stat`,
+/// `utime` and `stime`, in USER_HZ = 100 ticks a second); `pid` may be
+/// `self`.
+pub fn cpu_seconds(pid: &str) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses: state is
+    // field 3 of the whole line, utime 14 and stime 15.
+    let rest = text.get(text.rfind(')')? + 1..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i)?.parse::<u64>().ok().map(|t| t as f64 / 100.0);
+    Some((tick(11)?, tick(12)?))
+}
+
+/// CPU used between two [`cpu_seconds`] readings, in µs per claim.
+pub fn cpu_us_per_claim(
+    before: Option<(f64, f64)>,
+    after: Option<(f64, f64)>,
+    claims: u64,
+) -> Option<(f64, f64)> {
+    let ((u0, s0), (u1, s1)) = (before?, after?);
+    let n = claims.max(1) as f64;
+    Some(((u1 - u0) * 1e6 / n, (s1 - s0) * 1e6 / n))
+}
+
+pub fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// Samples a process's `VmRSS` every 100 ms until stopped; yields the peak.
+pub struct RssSampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl RssSampler {
+    pub fn start(pid: u32) -> RssSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut peak = 0;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(status_kib(pid, "VmRSS").unwrap_or(0));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            peak.max(status_kib(pid, "VmRSS").unwrap_or(0))
+        });
+        RssSampler { stop, task }
+    }
+
+    /// The peak `VmRSS` seen, in KiB.
+    pub async fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or(0)
+    }
+}
+
+/// Memory and start-up of one server process.
+#[derive(Debug, Clone, Default)]
+pub struct ProcFigures {
+    /// From spawn to the first successful answer.
+    pub ready: Duration,
+    pub rss_idle_kib: Option<u64>,
+    pub rss_load_kib: Option<u64>,
+    /// `VmHWM`: the peak resident set over the process's life.
+    pub hwm_kib: Option<u64>,
+    /// CPU (user, system) µs per claim of the last measured load: the
+    /// server process's, and the load clients' (the bench process's).
+    pub server_cpu_us: Option<(f64, f64)>,
+    pub clients_cpu_us: Option<(f64, f64)>,
+}
+
+impl ProcFigures {
+    pub fn ready_ms(&self) -> f64 {
+        self.ready.as_secs_f64() * 1000.0
+    }
+}
+
+/// Calls `probe` every 5 ms until it succeeds, the child exits or `limit`
+/// passes; returns the time since `started`.
+pub async fn wait_ready<F, Fut>(
+    child: &mut Guarded,
+    started: Instant,
+    limit: Duration,
+    mut probe: F,
+) -> anyhow::Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    loop {
+        child.check_running()?;
+        if probe().await {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > limit {
+            bail!(
+                "{} not ready after {limit:?}; the end of its log:\n{}",
+                child.name,
+                child.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -1,0 +1,178 @@
+//! The sidecar path: a real `anarchon serve` child process (or, with
+//! `--sidecar in-process`, the server inside the bench's own process) on a
+//! loopback port, and N gRPC clients, one connection each, calling `Claim`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+use super::process::{
+    cpu_seconds, cpu_us_per_claim, free_port, status_kib, wait_ready, Guarded, ProcFigures,
+    RssSampler,
+};
+use super::{drive, PathFigures};
+use crate::claim::host_now_ms;
+use crate::proto as pb;
+use crate::server::{self, Listeners};
+use crate::Config;
+
+/// A running sidecar; stopped when dropped.
+pub struct Sidecar {
+    pub addr: SocketAddr,
+    pub figures: ProcFigures,
+    child: Option<Guarded>,
+    _stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// One `Claim` answered (any outcome) on a fresh connection.
+async fn answers(addr: SocketAddr) -> bool {
+    let Ok(ep) = Channel::from_shared(format!("http://{addr}")) else {
+        return false;
+    };
+    let Ok(Ok(ch)) = tokio::time::timeout(Duration::from_secs(1), ep.connect()).await else {
+        return false;
+    };
+    let req = pb::ClaimRequest {
+        job: "bench-ready".into(),
+        slot_ms: host_now_ms(),
+        ..Default::default()
+    };
+    let mut cl = pb::claims_client::ClaimsClient::new(ch);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), cl.claim(req)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Spawns `anarchon serve` (this very executable) on loopback ports with its
+/// own data dir; ready once it answers a `Claim`.
+pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
+    std::fs::create_dir_all(data_dir)?;
+    let exe = std::env::current_exe()?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let admin = format!("127.0.0.1:{}", free_port()?);
+    let mut cmd = Command::new(exe);
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--admin-listen")
+        .arg(&admin)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--backend")
+        .arg(url)
+        .env_remove("ANARCHON_CONFIG")
+        .env("RUST_LOG", "warn");
+    let started = Instant::now();
+    let mut child = Guarded::spawn("anarchon serve", cmd, &data_dir.join("serve.log"))?;
+    let ready = wait_ready(&mut child, started, Duration::from_secs(60), || {
+        answers(addr)
+    })
+    .await?;
+    // Let the first connection's buffers settle before the idle reading.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let figures = ProcFigures {
+        ready,
+        rss_idle_kib: status_kib(child.pid(), "VmRSS"),
+        ..ProcFigures::default()
+    };
+    Ok(Sidecar {
+        addr,
+        figures,
+        child: Some(child),
+        _stop: None,
+    })
+}
+
+/// Starts the server inside this process (the bench's earlier mode: client
+/// and server share one runtime, so no memory figures).
+pub async fn in_process(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
+    let started = Instant::now();
+    let grpc = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = grpc.local_addr()?;
+    let cfg = Config {
+        backend: url.to_owned(),
+        data_dir: data_dir.to_owned(),
+        listen: addr,
+        ..Config::default()
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = rx.await;
+        };
+        if let Err(e) = server::run(cfg, Listeners { grpc, admin: None }, stop).await {
+            eprintln!("anarchon bench: sidecar failed: {e:#}");
+        }
+    });
+    loop {
+        if answers(addr).await {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            anyhow::bail!("the in-process sidecar did not answer within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(Sidecar {
+        addr,
+        figures: ProcFigures {
+            ready: started.elapsed(),
+            ..ProcFigures::default()
+        },
+        child: None,
+        _stop: Some(tx),
+    })
+}
+
+impl Sidecar {
+    /// Drives `Claim` over gRPC from `clients` connections for `seconds`,
+    /// sampling the child's memory meanwhile.
+    pub async fn measure(&mut self, clients: usize, seconds: f64) -> anyhow::Result<PathFigures> {
+        let mut conns = Vec::new();
+        for _ in 0..clients {
+            let ch = Channel::from_shared(format!("http://{}", self.addr))?
+                .connect()
+                .await?;
+            conns.push(pb::claims_client::ClaimsClient::new(ch));
+        }
+        let conns = Arc::new(conns);
+        let base = host_now_ms();
+        let run = format!("{:x}", rand::random::<u32>());
+        let sampler = self.child.as_ref().map(|c| RssSampler::start(c.pid()));
+        let pid = self.child.as_ref().map(|c| c.pid().to_string());
+        let server0 = pid.as_deref().and_then(cpu_seconds);
+        let clients0 = cpu_seconds("self");
+        let fig = drive(clients, seconds, move |c, n| {
+            let mut cl = conns[c].clone();
+            let job = format!("bench-{run}-{c}");
+            async move {
+                let req = pb::ClaimRequest {
+                    job,
+                    slot_ms: base + n as i64,
+                    ..Default::default()
+                };
+                matches!(cl.claim(req).await, Ok(r) if r.get_ref().outcome == pb::Outcome::Won as i32)
+            }
+        })
+        .await;
+        let claims = fig.as_ref().map_or(0, |f| f.claims);
+        self.figures.clients_cpu_us = cpu_us_per_claim(clients0, cpu_seconds("self"), claims);
+        self.figures.server_cpu_us =
+            cpu_us_per_claim(server0, pid.as_deref().and_then(cpu_seconds), claims);
+        if let Some(s) = sampler {
+            let peak = s.finish().await;
+            self.figures.rss_load_kib = Some(peak.max(self.figures.rss_load_kib.unwrap_or(0)));
+        }
+        if let Some(c) = self.child.as_mut() {
+            c.check_running()?;
+            self.figures.hwm_kib = status_kib(c.pid(), "VmHWM");
+        }
+        fig
+    }
+}
