@@ -103,10 +103,7 @@ impl IdmpStore {
             .arg(self.duration_s)
             .arg(self.maxsize)
             .arg(self.duration_s * 2000);
-        let v: Value = inv
-            .invoke_async(&mut self.base.conn.clone())
-            .await
-            .map_err(convert)?;
+        let v: Value = self.base.conn.invoke(&inv).await?;
         self.base.script_answer(spec, v, "max_late_ms")
     }
 

@@ -122,10 +122,7 @@ impl LeaseStore {
     }
 
     async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<Value>> {
-        let v: Value = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(convert)?;
+        let v: Value = self.conn.invoke(inv).await?;
         reply::array(v)
     }
 

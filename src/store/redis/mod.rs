@@ -341,6 +341,22 @@ impl Conn {
         matches!(self, Conn::Cluster(_))
     }
 
+    /// Runs a script by `EVALSHA`. The redis crate loads it and retries once
+    /// on `NOSCRIPT`; a `SCRIPT FLUSH` or a restart between that load and
+    /// the retry answers `NOSCRIPT` again, so this tries a few times more.
+    /// A script that answered `NOSCRIPT` never ran, so a retry is safe.
+    pub(crate) async fn invoke(&self, inv: &::redis::ScriptInvocation<'_>) -> Result<Value> {
+        let mut tries = 0;
+        loop {
+            match inv.invoke_async(&mut self.clone()).await {
+                Err(e) if tries < 3 && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    tries += 1;
+                }
+                res => return res.map_err(convert),
+            }
+        }
+    }
+
     /// Runs one command.
     pub(crate) async fn query<T: ::redis::FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
         let mut c = self.clone();

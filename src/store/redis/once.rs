@@ -178,10 +178,7 @@ impl OnceBase {
             .arg(exact_id.unwrap_or(""))
             .arg(self.results_ttl_ms)
             .arg(SCAN_LIMIT);
-        let v: Value = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(convert)?;
+        let v: Value = self.conn.invoke(&inv).await?;
         let r = reply::array(v)?;
         if reply::int(r.first())? == 1 {
             return Ok(());

@@ -65,10 +65,7 @@ impl ScriptStore {
             .arg(spec.holder.instance)
             .arg(spec.max_late_ms)
             .arg(self.window_ms);
-        let v: Value = inv
-            .invoke_async(&mut self.base.conn.clone())
-            .await
-            .map_err(convert)?;
+        let v: Value = self.base.conn.invoke(&inv).await?;
         self.base.script_answer(spec, v, "max_late_ms")
     }
 
