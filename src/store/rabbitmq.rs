@@ -176,6 +176,11 @@ fn declare_error(queue: &str, e: lapin::Error) -> Error {
                 "gate queue {queue} is not available: {}",
                 amqp.get_message()
             )),
+            // A connection-level error (CONNECTION_FORCED at a broker
+            // shutdown, …): the connection is gone, the broker may be back.
+            AMQPErrorKind::Hard(_) => {
+                Error::Unavailable(format!("rabbitmq: declaring gate queue {queue}: {e}"))
+            }
             _ => Error::Store(format!("declaring gate queue {queue}: {e}")),
         };
     }
