@@ -20,26 +20,12 @@ bin=${CARGO_TARGET_DIR:-target}/release/anarchon
 [ "${BUILD:-1}" = 1 ] && cargo build --release --locked
 read -r -a extra <<<"${AGE_ARGS:-}"
 
-tag=a$(date +%s)
-tmp=$(mktemp -d)
-cleanup() {
-  rm -rf "$tmp"
-  if command -v psql >/dev/null; then
-    psql -qAt -h 127.0.0.1 -U postgres test -c \
-      "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', tablename) FROM pg_tables WHERE tablename LIKE 'bench_${tag}%'" \
-      2>/dev/null | psql -q -h 127.0.0.1 -U postgres test >/dev/null 2>&1 || true
-  fi
-  if command -v redis-cli >/dev/null; then
-    redis-cli --scan --pattern "bench_${tag}*" | xargs -r -n 1000 redis-cli DEL >/dev/null || true
-  fi
-}
-trap cleanup EXIT
+. scripts/bench-common.sh
+bench_scratch "a$(date +%s)"
 
 url_for() {
   case $1 in
-    sqlite) echo "sqlite://$tmp/aged.db" ;;
-    postgres) echo "postgres://postgres@127.0.0.1:5432/test?table=bench_${tag}&max_connections=64" ;;
-    redis-lease) echo "redis://127.0.0.1:6379/0?strategy=lease&prefix=bench_${tag}" ;;
+    sqlite | postgres | redis-lease) bench_url "$1" aged ;;
     *) echo "not a lease store: $1" >&2; return 1 ;;
   esac
 }

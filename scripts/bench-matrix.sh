@@ -34,33 +34,8 @@ if [ "${BUILD:-1}" = 1 ]; then
     cargo build --release --locked --features etcd
 fi
 
-tag=m$(date +%s)
-tmp=$(mktemp -d)
-cleanup() {
-  rm -rf "$tmp"
-  # The PostgreSQL tables of this matrix (prefix bench_$tag).
-  if command -v psql >/dev/null; then
-    psql -qAt -h 127.0.0.1 -U postgres test -c \
-      "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', tablename) FROM pg_tables WHERE tablename LIKE 'bench_${tag}%'" \
-      2>/dev/null | psql -q -h 127.0.0.1 -U postgres test >/dev/null 2>&1 || true
-  fi
-  if command -v redis-cli >/dev/null; then
-    redis-cli --scan --pattern "bench_${tag}*" | xargs -r -n 1000 redis-cli DEL >/dev/null || true
-  fi
-}
-trap cleanup EXIT
-
-url_for() { # backend clients
-  case $1 in
-    sqlite) echo "sqlite://$tmp/sqlite-$2.db" ;;
-    postgres) echo "postgres://postgres@127.0.0.1:5432/test?table=bench_${tag}_$2&max_connections=64" ;;
-    redis-lease) echo "redis://127.0.0.1:6379/0?strategy=lease&prefix=bench_${tag}_lease_$2" ;;
-    redis-stream-id) echo "redis://127.0.0.1:6379/0?strategy=stream-id&prefix=bench_${tag}_sid_$2" ;;
-    rabbitmq) echo "amqp://guest:guest@127.0.0.1:5672/%2f?prefix=bench_${tag}_$2&slot_ttl_ms=120000" ;;
-    nats) echo "nats://127.0.0.1:4222?prefix=bench_${tag}_$2" ;;
-    *) echo "unknown backend $1" >&2; return 1 ;;
-  esac
-}
+. scripts/bench-common.sh
+bench_scratch "m$(date +%s)"
 
 mkdir -p "$(dirname "$out")"
 [ "${APPEND:-0}" = 1 ] || : >"$out"
@@ -70,7 +45,7 @@ for b in "${backends[@]}"; do
     against=raw
     [ "$b" = "$etcd_with" ] && against=etcd
     echo "== $b, $c clients, --against $against; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-    "$bin" bench --backend "$(url_for "$b" "$c")" --clients "$c" --seconds "$seconds" \
+    "$bin" bench --backend "$(bench_url "$b" "$c")" --clients "$c" --seconds "$seconds" \
       --against "$against" --json \
       | jq -c --arg l "$b" --arg at "$(date -u +%FT%TZ)" '. + {"label": $l, "at": $at}' >>"$out"
   done
