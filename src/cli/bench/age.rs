@@ -88,19 +88,10 @@ pub async fn age(
                     errors.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
-                let spec = ClaimSpec {
-                    job: job.clone(),
-                    // Unique per run and 10 ms apart, so the slots stay
-                    // ahead of the clock (a slot more than max-late behind
-                    // it would be answered LATE) at any rate above 100/s.
-                    slot_ms: base + 10 * i as i64,
-                    token: Token::generate(),
-                    holder: holder.clone(),
-                    lease_ms: 30_000,
-                    max_late_ms: 60_000,
-                    overlap: Overlap::Allow,
-                    max_attempts: 3,
-                };
+                // Unique per run and 10 ms apart, so the slots stay ahead
+                // of the clock (a slot more than max-late behind it would be
+                // answered LATE) at any rate above 100/s.
+                let spec = super::bench_spec(job.clone(), base + 10 * i as i64, &holder);
                 let finished = match store.claim(&spec, &DeadHolders::none()).await {
                     Ok(a) if a.outcome == Outcome::Won => store
                         .release(

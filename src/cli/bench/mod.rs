@@ -162,17 +162,23 @@ where
     Ok(fig)
 }
 
-fn spec_for(run: &str, c: usize, n: u64, base: i64, holder: &Holder) -> Option<ClaimSpec> {
-    Some(ClaimSpec {
-        job: Job::parse(&format!("bench-{run}-{c}")).ok()?,
-        slot_ms: base + n as i64,
+/// A bench claim: the sidecar's default lease, lateness and attempts.
+fn bench_spec(job: Job, slot_ms: i64, holder: &Holder) -> ClaimSpec {
+    ClaimSpec {
+        job,
+        slot_ms,
         token: Token::generate(),
         holder: holder.clone(),
         lease_ms: 30_000,
         max_late_ms: 60_000,
         overlap: Overlap::Allow,
         max_attempts: 3,
-    })
+    }
+}
+
+fn spec_for(run: &str, c: usize, n: u64, base: i64, holder: &Holder) -> Option<ClaimSpec> {
+    let job = Job::parse(&format!("bench-{run}-{c}")).ok()?;
+    Some(bench_spec(job, base + n as i64, holder))
 }
 
 /// Measures the raw store step on an open store.
