@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::liveness::{Pair, EXPIRY, HB};
-use common::process::{free_addr, Sidecar, BIN};
+use common::liveness::Pair;
+use common::process::{Sidecar, BIN};
 
 /// These tests measure time: they take turns.
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -113,39 +113,17 @@ async fn three_instances_run_each_tick_exactly_once() {
     let _turn = TURN.lock().await;
     let root = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", root.path().join("shared.db").display());
-    let addrs: Vec<_> = (0..3).map(|_| free_addr()).collect();
-    let _sidecars: Vec<Sidecar> = (0..3)
-        .map(|i| {
-            let mut f = vec![
-                "--backend".to_string(),
-                db.clone(),
-                "--heartbeat-ms".into(),
-                HB.to_string(),
-                "--expiry-ms".into(),
-                EXPIRY.to_string(),
-            ];
-            for (j, a) in addrs.iter().enumerate() {
-                if j != i {
-                    f.extend(["--peer".into(), a.to_string()]);
-                }
-            }
-            Sidecar::start_at(
-                &root.path().join(format!("s{i}")),
-                addrs[i],
-                &f.iter().map(String::as_str).collect::<Vec<_>>(),
-            )
-        })
-        .collect();
+    let sidecars = common::liveness::mesh(root.path(), 3, &db);
     let out = root.path().join("runs.txt");
     let cmd = script(&out, "set -- run; LOG");
     let mut crons: Vec<Cron> = ["a", "b", "c"]
         .iter()
-        .zip(&addrs)
-        .map(|(who, addr)| {
+        .zip(&sidecars)
+        .map(|(who, sidecar)| {
             Cron::start(
                 root.path(),
                 who,
-                *addr,
+                sidecar.addr,
                 "* * * * * *",
                 &[
                     "--job",

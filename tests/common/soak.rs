@@ -40,7 +40,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use super::liveness::{EXPIRY, HB};
-use super::process::{free_addr, Sidecar};
+use super::process::Sidecar;
 use super::restart::Server;
 
 pub const SIDECARS: usize = 3;
@@ -521,30 +521,6 @@ async fn hold(ctx: &Ctx, c: &mut ClaimsClient<Channel>, side: usize, won: &Answe
 
 // --- the mesh and the chaos -------------------------------------------------------
 
-/// Starts the three sidecars, each linked to the other two.
-fn start_mesh(root: &std::path::Path, backend: &str) -> Vec<Sidecar> {
-    let addrs: Vec<SocketAddr> = (0..SIDECARS).map(|_| free_addr()).collect();
-    (0..SIDECARS)
-        .map(|i| {
-            let mut flags = vec![
-                "--backend".to_string(),
-                backend.to_string(),
-                "--heartbeat-ms".into(),
-                HB.to_string(),
-                "--expiry-ms".into(),
-                EXPIRY.to_string(),
-            ];
-            for (j, a) in addrs.iter().enumerate() {
-                if j != i {
-                    flags.extend(["--peer".into(), a.to_string()]);
-                }
-            }
-            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            Sidecar::start_at(&root.join(format!("n{i}")), addrs[i], &flags)
-        })
-        .collect()
-}
-
 /// Waits until every sidecar sees the other two ALIVE.
 async fn linked(addrs: &[SocketAddr]) {
     let end = Instant::now() + Duration::from_secs(20);
@@ -676,7 +652,7 @@ fn chaos(ctx: &Ctx, plan: &Plan, sidecars: &mut [Sidecar], start: Instant) {
 pub async fn run(plan: Plan) -> Report {
     let root = tempfile::tempdir().unwrap();
     let load_before = loadavg();
-    let mut sidecars = start_mesh(root.path(), &plan.backend);
+    let mut sidecars = super::liveness::mesh(root.path(), SIDECARS, &plan.backend);
     let addrs: Vec<SocketAddr> = sidecars.iter().map(|s| s.addr).collect();
     linked(&addrs).await;
     let tag = format!("{:08x}", rand::random::<u32>());
