@@ -7,7 +7,6 @@
 //! after the other), and keep a [`Guard`] that starts the server again when it
 //! is dropped, even on panic.
 
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -47,7 +46,7 @@ impl Server {
     }
 
     pub fn is_up(self) -> bool {
-        port_up(self.addr())
+        super::services::reachable(self.addr())
     }
 
     /// Stops the server and waits until its port is closed.
@@ -185,14 +184,10 @@ impl Drop for Guard {
     }
 }
 
-pub fn port_up(addr: &str) -> bool {
-    TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(300)).is_ok()
-}
-
 pub fn wait_port(addr: &str, up: bool, within: Duration) -> bool {
     let end = Instant::now() + within;
     while Instant::now() < end {
-        if port_up(addr) == up {
+        if super::services::reachable(addr) == up {
             return true;
         }
         std::thread::sleep(Duration::from_millis(100));
