@@ -14,7 +14,8 @@
 //! | [`error`] | domain errors and **the** mapping to gRPC status codes |
 //! | [`claim`] | jobs, tokens, runs, outcomes, and the pure lease decision table |
 //! | [`store`] | the `Store` trait, `open(url)`, and one module per backend |
-//! | [`mesh`] | node identity (key + instance generation) |
+//! | [`mesh`] | who is alive: node identity, signed beats, the pure liveness table, links, discovery |
+//! | [`liveness`] | store-confirmed liveness: this sidecar's self-fence, the observer of suspects' counters, the dead-holder sets for claims |
 //! | [`server`] | `run(listeners, config, shutdown)`: the gRPC services, admin HTTP, metrics |
 //! | [`cli`] | the client subcommands (`claim`, `renew`, `release`, `history`, `hold`) and `bench` |
 //! | [`telemetry`] | tracing setup (plain or JSON logs) |
@@ -30,6 +31,7 @@ pub mod config;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod liveness;
 pub mod mesh;
 pub mod proto;
 pub mod server;

@@ -36,7 +36,13 @@ async fn claim_renew_release_history() {
     assert!(won(&a), "{a:?}");
     assert_eq!((a.attempt, a.backend.as_str()), (1, "sqlite"));
     assert_eq!(a.token.len(), 32);
-    assert!(a.valid_for_ms > 29_000 && a.valid_for_ms <= 30_000);
+    // The 30 s lease is promised only as far as the self-fence reaches:
+    // one expiry (1 s) less its margin, counted from the last refresh of
+    // this sidecar's liveness record (every expiry/4). docs/safety.md.
+    assert!(
+        a.valid_for_ms >= 1000 - 100 - 250 - 50 && a.valid_for_ms <= 900,
+        "{a:?}"
+    );
     let holder = a.holder.clone().unwrap();
     assert_eq!(holder.node.len(), 32);
 

@@ -301,12 +301,22 @@ pub struct HistoryPage {
 
 /// The runtimes whose runs no longer exclude anyone.
 ///
-/// A holder is dead when its instance is listed as dead (expired or left), or
-/// when a newer instance of its node is known (it restarted). The sidecar
-/// builds this from its mesh view and passes it into the store's atomic step.
+/// A holder is dead when its instance is listed as dead (it left, or it
+/// expired and the store confirmed it), or when a newer instance of its node
+/// is known (it restarted). The sidecar builds this from its mesh view and
+/// passes it into the store's atomic step.
+///
+/// An *expired* holder is listed **conditionally**: with the value of its
+/// liveness counter in the store (see `docs/safety.md`) that this sidecar
+/// has seen unchanged for at least one expiry on its own clock. The store's
+/// step treats such a holder as dead only if the counter still has that
+/// value ([`DeadHolders::confirmed`]); a holder that refreshed its record
+/// since is alive, whatever the mesh says.
 #[derive(Debug, Clone, Default)]
 pub struct DeadHolders {
     dead: HashSet<Holder>,
+    /// Expired holders and the liveness counter they must still have.
+    conditional: HashMap<Holder, u64>,
     /// The newest known instance per node: anything older is dead.
     current: HashMap<String, u64>,
 }
@@ -316,9 +326,18 @@ impl DeadHolders {
         DeadHolders::default()
     }
 
-    /// Records that `holder` is dead (expired or left).
+    /// Records that `holder` is dead (it left, or its death is confirmed).
     pub fn mark_dead(&mut self, holder: Holder) {
+        self.conditional.remove(&holder);
         self.dead.insert(holder);
+    }
+
+    /// Records that `holder` is dead if its liveness counter in the store is
+    /// still `counter` when the step runs.
+    pub fn mark_dead_if(&mut self, holder: Holder, counter: u64) {
+        if !self.dead.contains(&holder) {
+            self.conditional.insert(holder, counter);
+        }
     }
 
     /// Records that `instance` is the newest run of `node`.
@@ -327,17 +346,58 @@ impl DeadHolders {
         *e = (*e).max(instance);
     }
 
+    /// Dead, or dead if the store confirms it. Renew and release refuse on
+    /// either (refusing is always safe); a claim's locked step must first
+    /// resolve the conditional entries with [`DeadHolders::confirmed`].
     pub fn is_dead(&self, h: &Holder) -> bool {
         self.dead.contains(h)
+            || self.conditional.contains_key(h)
             || self
                 .current
                 .get(&h.node)
                 .is_some_and(|&cur| h.instance < cur)
     }
 
-    /// The dead instances listed explicitly.
+    /// The dead instances listed unconditionally.
     pub fn dead(&self) -> impl Iterator<Item = &Holder> {
         self.dead.iter()
+    }
+
+    /// The expired instances and the counter each must still have.
+    pub fn conditional(&self) -> impl Iterator<Item = (&Holder, u64)> {
+        self.conditional.iter().map(|(h, &c)| (h, c))
+    }
+
+    pub fn has_conditional(&self) -> bool {
+        !self.conditional.is_empty()
+    }
+
+    /// The set with every conditional entry resolved: `counter_of` gives the
+    /// store's liveness counter of a holder (0 when it has no record), read
+    /// inside the same atomic step. An entry whose counter moved is dropped:
+    /// that holder refreshed its record, so it is alive.
+    pub fn confirmed(&self, mut counter_of: impl FnMut(&Holder) -> u64) -> DeadHolders {
+        let mut out = DeadHolders {
+            dead: self.dead.clone(),
+            conditional: HashMap::new(),
+            current: self.current.clone(),
+        };
+        for (h, &c) in &self.conditional {
+            if counter_of(h) == c {
+                out.dead.insert(h.clone());
+            }
+        }
+        out
+    }
+
+    /// The set without its conditional entries (for a step that cannot read
+    /// liveness records): those holders are treated as alive.
+    pub fn unconditional(&self) -> DeadHolders {
+        DeadHolders {
+            dead: self.dead.clone(),
+            conditional: HashMap::new(),
+            current: self.current.clone(),
+        }
     }
 
     /// The newest instance per node.
@@ -402,5 +462,28 @@ mod tests {
         assert!(d.is_dead(&h(4)));
         d.set_current("n1", 1); // never lowers
         assert!(d.is_dead(&h(2)));
+    }
+
+    #[test]
+    fn conditional_deaths_need_the_store_to_agree() {
+        let h = |n: &str| Holder {
+            node: n.into(),
+            instance: 1,
+        };
+        let mut d = DeadHolders::none();
+        d.mark_dead_if(h("a"), 7);
+        d.mark_dead_if(h("b"), 3);
+        d.mark_dead(h("c"));
+        d.mark_dead_if(h("c"), 9); // already dead: stays unconditional
+        assert!(d.is_dead(&h("a")) && d.is_dead(&h("b")) && d.is_dead(&h("c")));
+        assert_eq!(d.conditional().count(), 2);
+        // a's counter is still 7 (dead); b refreshed to 4 (alive).
+        let r = d.confirmed(|x| if x.node == "a" { 7 } else { 4 });
+        assert!(r.is_dead(&h("a")));
+        assert!(!r.is_dead(&h("b")));
+        assert!(r.is_dead(&h("c")));
+        assert!(!r.has_conditional());
+        let u = d.unconditional();
+        assert!(!u.is_dead(&h("a")) && !u.is_dead(&h("b")) && u.is_dead(&h("c")));
     }
 }

@@ -7,7 +7,7 @@
 //! `ANARCHON_FENCING` and `ANARCHON_TOKEN`.
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde_json::json;
@@ -67,7 +67,18 @@ pub async fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.wait().await;
 }
 
-/// Runs `cmd` for a won claim while watching the hold stream.
+/// The local deadline of a hold event: `sent` (when the Hold request was
+/// sent) plus `hold_valid_for_ms`, or `None` when the sidecar did not say.
+fn hold_deadline(sent: Instant, hold_valid_for_ms: i64) -> Option<Instant> {
+    (hold_valid_for_ms > 0).then(|| sent + Duration::from_millis(hold_valid_for_ms as u64))
+}
+
+/// Runs `cmd` for a won claim while watching the hold stream. The command
+/// is stopped when the lease is lost, when the stream breaks, and when the
+/// hold's deadline (counted from `sent`, when the Hold request went out)
+/// comes without a renewal: the stop starts a quarter of the promised
+/// window (at most `grace`) before the deadline and ends with SIGKILL at it,
+/// so the command is gone by then even if the sidecar froze.
 pub async fn run_held(
     cmd: &[String],
     job: &str,
@@ -75,6 +86,7 @@ pub async fn run_held(
     slot_ms: i64,
     stream: &mut tonic::Streaming<pb::HoldEvent>,
     grace: Duration,
+    (sent, first_deadline): (Instant, Option<Instant>),
 ) -> std::io::Result<Ended> {
     let (prog, args) = cmd
         .split_first()
@@ -90,16 +102,38 @@ pub async fn run_held(
         .spawn()?;
     let stop = super::serve::shutdown_signal();
     tokio::pin!(stop);
+    let mut deadline = first_deadline;
+    // The stop begins a quarter of the promised window before the deadline
+    // (at most `grace` before), and ends with SIGKILL at the deadline.
+    let lead = |d: Instant| grace.min(d.saturating_duration_since(Instant::now()) / 4);
+    let mut stop_at = deadline.map(|d| d - lead(d));
     loop {
         tokio::select! {
             status = child.wait() => return Ok(Ended::Exited(exit_code(status?))),
+            _ = async {
+                match stop_at {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tracing::warn!("no renewal before the hold's deadline; stopping the command");
+                eprintln!("anarchon: the hold's deadline is near without a renewal; stopping the command");
+                let left = deadline.map_or(grace, |d| d.saturating_duration_since(Instant::now()));
+                terminate(&mut child, left).await;
+                return Ok(Ended::LeaseLost);
+            }
             _ = &mut stop => {
                 terminate(&mut child, grace).await;
                 return Ok(Ended::Stopped);
             }
             ev = stream.message() => {
                 match ev {
-                    Ok(Some(ev)) if ev.kind == pb::HoldEventKind::Renewed as i32 => {}
+                    Ok(Some(ev)) if ev.kind == pb::HoldEventKind::Renewed as i32 => {
+                        if let Some(d) = hold_deadline(sent, ev.hold_valid_for_ms) {
+                            deadline = Some(d);
+                            stop_at = Some(d - lead(d));
+                        }
+                    }
                     Ok(Some(ev)) if ev.kind == pb::HoldEventKind::LostLease as i32 => {
                         tracing::warn!(reason = %ev.reason, "lease lost; stopping the command");
                         eprintln!("anarchon: lease lost ({}); stopping the command", ev.reason);
@@ -170,9 +204,13 @@ pub async fn hold_run(
 ) -> Result<HeldRun, tonic::Status> {
     let job = req.job.clone();
     let slot = req.slot_ms;
+    let sent = Instant::now();
     let mut stream = c.hold(req).await?.into_inner();
-    let first = match stream.message().await? {
-        Some(ev) => ev.claim.unwrap_or_default(),
+    let (first, first_deadline) = match stream.message().await? {
+        Some(ev) => {
+            let deadline = hold_deadline(sent, ev.hold_valid_for_ms);
+            (ev.claim.unwrap_or_default(), deadline)
+        }
         None => {
             return Err(tonic::Status::unavailable(
                 "the sidecar closed the hold stream without an answer",
@@ -182,7 +220,17 @@ pub async fn hold_run(
     if first.outcome != pb::Outcome::Won as i32 {
         return Ok(HeldRun::NotWon(first));
     }
-    let ended = match run_held(cmd, &job, &first, slot, &mut stream, grace).await {
+    let ended = match run_held(
+        cmd,
+        &job,
+        &first,
+        slot,
+        &mut stream,
+        grace,
+        (sent, first_deadline),
+    )
+    .await
+    {
         Ok(e) => e,
         Err(e) => {
             eprintln!("anarchon: cannot run {cmd:?}: {e}");

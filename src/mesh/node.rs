@@ -25,7 +25,7 @@ use tonic::{Status, Streaming};
 use super::identity::{write_atomic, Identity};
 use super::marks::{sign_hello, sign_mark, verify_hello, Refusal};
 use super::table::{Change, PeerTable, TableConfig};
-use crate::claim::DeadHolders;
+use crate::claim::{DeadHolders, Holder};
 use crate::proto as pb;
 
 /// Mesh settings, from the config.
@@ -46,6 +46,9 @@ pub struct MeshConfig {
     pub max_links_per_peer: usize,
     /// TLS for dialing peers (their CA, our certificate), when TLS is on.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// The source address of our dials: the listen IP, when it is a
+    /// specific one (so a peer sees our links come from our own address).
+    pub bind_ip: Option<std::net::IpAddr>,
 }
 
 impl MeshConfig {
@@ -56,6 +59,7 @@ impl MeshConfig {
         tls: Option<tonic::transport::ClientTlsConfig>,
     ) -> Self {
         MeshConfig {
+            bind_ip: Some(c.listen.ip()).filter(|ip| !ip.is_unspecified()),
             heartbeat: Duration::from_millis(c.heartbeat_ms),
             expiry: Duration::from_millis(c.expiry_ms),
             advertise,
@@ -88,6 +92,8 @@ pub struct Mesh {
     table: Mutex<PeerTable>,
     events: broadcast::Sender<pb::PeerEvent>,
     links: Mutex<HashMap<u64, LinkInfo>>,
+    /// When the last link to a node broke (suspects for one expiry).
+    links_lost: Mutex<HashMap<String, Instant>>,
     next_link: AtomicU64,
     beat: AtomicU64,
     /// Bumped to make every link send a frame now (the leave mark).
@@ -158,6 +164,7 @@ impl Mesh {
             table: Mutex::new(table),
             events,
             links: Mutex::new(HashMap::new()),
+            links_lost: Mutex::new(HashMap::new()),
             next_link: AtomicU64::new(1),
             beat: AtomicU64::new(1),
             push,
@@ -626,6 +633,9 @@ impl Mesh {
             }
         }
         lock(&self.links).remove(&id);
+        if !self.stopped() {
+            lock(&self.links_lost).insert(remote.node.clone(), Instant::now());
+        }
         tracing::debug!(peer = %remote.node, "link down");
     }
 
@@ -797,6 +807,7 @@ impl Mesh {
         let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| other(&e))?
             .connect_timeout(self.cfg.heartbeat * 2)
+            .local_address(self.cfg.bind_ip)
             .tcp_nodelay(true);
         if let Some(tls) = &self.cfg.tls {
             endpoint = endpoint.tls_config(tls.clone()).map_err(|e| other(&e))?;
@@ -917,9 +928,46 @@ pub struct MeshCounters {
     pub beats: u64,
 }
 
-impl crate::server::Liveness for Mesh {
+impl crate::liveness::MeshView for Mesh {
     fn dead_holders(&self) -> DeadHolders {
         lock(&self.table).dead_holders(Instant::now())
+    }
+
+    fn dead_split(&self) -> (DeadHolders, Vec<Holder>) {
+        lock(&self.table).dead_split(Instant::now())
+    }
+
+    /// Runtimes not alive, with a beat more than 1.5 heartbeats old, or
+    /// whose last link broke less than one expiry ago (a killed process's
+    /// sockets close at once: its record is watched from that moment, so a
+    /// takeover lands about one expiry after the kill).
+    fn suspects(&self) -> Vec<Holder> {
+        let now = Instant::now();
+        let late = self.cfg.heartbeat * 3 / 2;
+        // One lock at a time: links, then the table.
+        let linked: HashSet<String> = lock(&self.links).values().map(|l| l.node.clone()).collect();
+        let lost: Vec<String> = {
+            let mut lost = lock(&self.links_lost);
+            lost.retain(|_, at| now.saturating_duration_since(*at) < self.cfg.expiry);
+            lost.keys()
+                .filter(|n| !linked.contains(*n))
+                .cloned()
+                .collect()
+        };
+        let table = lock(&self.table);
+        let mut out = table.suspects(now, late);
+        for node in &lost {
+            if out.iter().any(|h| &h.node == node) {
+                continue;
+            }
+            if let Some(instance) = table.instance_of(node) {
+                out.push(Holder {
+                    node: node.clone(),
+                    instance,
+                });
+            }
+        }
+        out
     }
 }
 

@@ -357,6 +357,53 @@ impl PeerTable {
         d
     }
 
+    /// For claims: the holders dead for sure (left, or an older instance of
+    /// a known node), and the instances that expired, whose death the store
+    /// must confirm first (`crate::liveness`).
+    pub fn dead_split(&self, now: Instant) -> (DeadHolders, Vec<Holder>) {
+        let mut d = DeadHolders::none();
+        let mut expired = Vec::new();
+        d.set_current(&self.self_node, self.self_instance);
+        for e in self.peers.values() {
+            d.set_current(&e.mark.node, e.mark.instance);
+            let h = Holder {
+                node: e.mark.node.clone(),
+                instance: e.mark.instance,
+            };
+            match state_of(e, now, self.cfg.expiry) {
+                pb::PeerState::Left => d.mark_dead(h),
+                pb::PeerState::Expired => expired.push(h),
+                _ => {}
+            }
+        }
+        (d, expired)
+    }
+
+    /// Runtimes whose liveness record is worth watching: not alive, or
+    /// alive with a beat older than `late`. Left runtimes are dead for sure
+    /// and not watched.
+    pub fn suspects(&self, now: Instant, late: Duration) -> Vec<Holder> {
+        self.peers
+            .values()
+            .filter(|e| match state_of(e, now, self.cfg.expiry) {
+                pb::PeerState::Left => false,
+                pb::PeerState::Alive => e
+                    .seen_at
+                    .is_none_or(|s| now.saturating_duration_since(s) > late),
+                _ => true,
+            })
+            .map(|e| Holder {
+                node: e.mark.node.clone(),
+                instance: e.mark.instance,
+            })
+            .collect()
+    }
+
+    /// The newest known instance of `node`.
+    pub fn instance_of(&self, node: &str) -> Option<u64> {
+        self.peers.get(node).map(|e| e.mark.instance)
+    }
+
     /// The newest known address of `node`.
     pub fn address_of(&self, node: &str) -> Option<&str> {
         self.peers.get(node).map(|e| e.mark.address.as_str())

@@ -18,13 +18,9 @@ use super::runs::RunFeed;
 use super::validate::{self, ClaimDefaults};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
+use crate::liveness::{Bound, Guard};
 use crate::proto as pb;
 use crate::store::DynStore;
-
-/// Who is dead right now, as the store's atomic step needs it.
-pub trait Liveness: Send + Sync + 'static {
-    fn dead_holders(&self) -> DeadHolders;
-}
 
 /// Everything the Claims service needs.
 pub struct ClaimsState {
@@ -32,7 +28,9 @@ pub struct ClaimsState {
     pub defaults: ClaimDefaults,
     pub holder: Holder,
     pub metrics: Arc<Metrics>,
-    pub liveness: Arc<dyn Liveness>,
+    /// Who is dead (mesh view, confirmed in the store for claims), and how
+    /// long this sidecar may promise a hold (the self-fence).
+    pub guard: Arc<Guard>,
     /// Bumped whenever a run is released or a lease ended (here or, through
     /// the mesh, at a peer) or a holder died, to wake waiters.
     pub changed: watch::Sender<u64>,
@@ -121,7 +119,7 @@ impl ClaimsState {
         &self,
         v: &validate::ValidClaim,
         deadline: Option<Instant>,
-    ) -> Result<ClaimAnswer> {
+    ) -> Result<(ClaimAnswer, i64)> {
         let started = Instant::now();
         let wait_end = started + Duration::from_millis(v.wait_ms as u64);
         // Leave room to answer before the client's deadline.
@@ -132,16 +130,22 @@ impl ClaimsState {
         let mut changed = self.changed.subscribe();
         let mut shutdown = self.shutdown.clone();
         loop {
-            let dead = self.liveness.dead_holders();
+            let bound = self.promise()?;
+            let dead = self.guard.dead_for_claims();
             let a = with_deadline(deadline, self.store.claim(&v.spec, &dead)).await?;
             let now = Instant::now();
+            let valid_for = if a.outcome == Outcome::Won {
+                self.bound_win(&v.spec, &a, bound, now).await?
+            } else {
+                0
+            };
             if a.outcome != Outcome::Running
                 || v.wait_ms == 0
                 || !self.store.info().leases
                 || now >= wait_end
                 || *shutdown.borrow()
             {
-                return Ok(a);
+                return Ok((a, valid_for));
             }
             // Wake when something is released here, when the lease lapses
             // (store clock), or at the poll interval for changes elsewhere.
@@ -151,6 +155,49 @@ impl ClaimsState {
                 _ = changed.changed() => {}
                 _ = shutdown.changed() => {}
                 _ = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+
+    /// What this sidecar may promise now; on a lease store, nothing at all
+    /// while its own liveness is not confirmed (the self-fence).
+    fn promise(&self) -> Result<Bound> {
+        match self.guard.bound() {
+            Bound::Fenced if self.store.info().leases => Err(Error::Unavailable(
+                "this sidecar has not confirmed its liveness in the store within the expiry \
+                 (or is leaving), so it cannot promise a lease"
+                    .into(),
+            )),
+            b => Ok(b),
+        }
+    }
+
+    /// Caps a win's lease at what the self-fence allows (`bound` was taken
+    /// before the store was asked). A win the fence no longer covers is
+    /// handed back at once and answered `UNAVAILABLE`: the claimer must not
+    /// act on it.
+    async fn bound_win(
+        &self,
+        spec: &ClaimSpec,
+        a: &ClaimAnswer,
+        bound: Bound,
+        now: Instant,
+    ) -> Result<i64> {
+        match bound.cap_ms(now, a.valid_for_ms()) {
+            Some(cap) => Ok(cap),
+            None => {
+                if let Err(e) = self
+                    .store
+                    .end_lease(&spec.job, spec.slot_ms, &spec.token)
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not hand back a win the self-fence no longer covers");
+                }
+                self.notify(&spec.job, spec.slot_ms);
+                Err(Error::Unavailable(
+                    "this sidecar's liveness confirmation ran out during the claim; the win was handed back"
+                        .into(),
+                ))
             }
         }
     }
@@ -248,14 +295,14 @@ impl pb::claims_server::Claims for ClaimsService {
             };
             s.observe("claim", started);
             match res {
-                Ok((v, a)) => {
+                Ok((v, (a, valid_for_ms))) => {
                     tracing::Span::current().record("outcome", a.outcome.as_str());
                     s.count("claim", &v.spec, &a);
                     tracing::debug!(attempt = a.attempt, "claim answered");
-                    Ok(Response::new(validate::answer_pb(
-                        &a,
-                        s.store.info().backend,
-                    )))
+                    Ok(Response::new(pb::ClaimResponse {
+                        valid_for_ms,
+                        ..validate::answer_pb(&a, s.store.info().backend)
+                    }))
                 }
                 Err(e) => {
                     tracing::Span::current().record("outcome", e.kind());
@@ -283,19 +330,29 @@ impl pb::claims_server::Claims for ClaimsService {
                 if !s.store.info().leases {
                     return Err(Error::NoLeases(s.store.info().backend));
                 }
-                let dead = s.liveness.dead_holders();
-                with_deadline(deadline, s.store.renew(&spec, &dead)).await
+                let bound = s.promise()?;
+                let dead = s.guard.dead_holders();
+                let r = with_deadline(deadline, s.store.renew(&spec, &dead)).await?;
+                let valid_for = bound
+                    .cap_ms(Instant::now(), (r.lease_until_ms - r.now_ms).max(0))
+                    .ok_or_else(|| {
+                        Error::Unavailable(
+                            "this sidecar's liveness confirmation ran out during the renewal"
+                                .into(),
+                        )
+                    })?;
+                Ok((r, valid_for))
             }
             .await;
             s.observe("renew", started);
             match res {
-                Ok(r) => {
+                Ok((r, valid_for_ms)) => {
                     tracing::Span::current().record("outcome", "renewed");
                     s.metrics.renewals.inc();
                     Ok(Response::new(pb::RenewResponse {
                         lease_until_ms: r.lease_until_ms,
                         attempt: r.attempt,
-                        valid_for_ms: (r.lease_until_ms - r.now_ms).max(0),
+                        valid_for_ms,
                         fencing: r.fencing,
                     }))
                 }
@@ -323,7 +380,7 @@ impl pb::claims_server::Claims for ClaimsService {
         async move {
             let res = async {
                 let spec = validate::release(&req)?;
-                let dead = s.liveness.dead_holders();
+                let dead = s.guard.dead_holders();
                 with_deadline(deadline, s.store.release(&spec, &dead)).await?;
                 Ok::<_, Error>(spec)
             }
@@ -356,23 +413,24 @@ impl pb::claims_server::Claims for ClaimsService {
     ) -> Result<Response<HoldStream>, Status> {
         let s = self.0.clone();
         let started = Instant::now();
+        let received = started;
         let deadline = deadline(&request);
         let permit = s
             .hold_permit(request.remote_addr().map(|a| a.ip()))
             .map_err(|e| s.fail(e))?;
         let req = request.into_inner();
         let span = tracing::info_span!("hold", job = %req.job, slot = req.slot_ms, outcome = Empty);
-        let (v, answer) = async {
+        let (v, answer, valid_for_ms) = async {
             let res = match validate::claim(&req, &s.defaults, &s.holder) {
                 Ok(v) => s.claim(&v, deadline).await.map(|a| (v, a)),
                 Err(e) => Err(e),
             };
             s.observe("hold", started);
             match res {
-                Ok((v, a)) => {
+                Ok((v, (a, valid_for_ms))) => {
                     tracing::Span::current().record("outcome", a.outcome.as_str());
                     s.count("hold", &v.spec, &a);
-                    Ok((v, a))
+                    Ok((v, a, valid_for_ms))
                 }
                 Err(e) => {
                     tracing::Span::current().record("outcome", e.kind());
@@ -384,17 +442,34 @@ impl pb::claims_server::Claims for ClaimsService {
         .await?;
 
         let (tx, rx) = mpsc::channel(8);
+        // The win's local deadline: the claim's answer (capped by the
+        // self-fence) counted from now, which is after the store decided.
+        let valid_until = Instant::now() + Duration::from_millis(valid_for_ms.max(0) as u64);
         let first = pb::HoldEvent {
             kind: pb::HoldEventKind::Claimed as i32,
-            claim: Some(validate::answer_pb(&answer, s.store.info().backend)),
+            claim: Some(pb::ClaimResponse {
+                valid_for_ms,
+                ..validate::answer_pb(&answer, s.store.info().backend)
+            }),
+            hold_valid_for_ms: if answer.outcome == Outcome::Won {
+                since(received, valid_until)
+            } else {
+                0
+            },
             ..Default::default()
         };
         // The channel is fresh and has room: this cannot block.
         let _ = tx.try_send(Ok(first));
+        let (sent_all, delivered) = tokio::sync::oneshot::channel::<()>();
         if answer.outcome == Outcome::Won && s.store.info().leases {
+            let hold = HeldRun {
+                spec: v.spec,
+                received,
+                valid_until,
+            };
             tokio::spawn(
                 async move {
-                    keep_renewing(s, v.spec, answer.lease_until_ms, tx).await;
+                    keep_renewing(s, hold, tx, delivered).await;
                     drop(permit);
                 }
                 .instrument(span),
@@ -407,9 +482,10 @@ impl pb::claims_server::Claims for ClaimsService {
                 drop(permit);
             });
         }
-        Ok(Response::new(
-            Box::pin(ReceiverStream::new(rx)) as HoldStream
-        ))
+        Ok(Response::new(Box::pin(Delivered {
+            events: ReceiverStream::new(rx),
+            _sent_all: sent_all,
+        }) as HoldStream))
     }
 
     async fn history(
@@ -451,16 +527,56 @@ impl pb::claims_server::Claims for ClaimsService {
     }
 }
 
-/// The `Hold` renewal loop: renews every lease/3 while the client listens.
-/// A client that goes away without releasing ends the lease at once.
+/// A `Hold` stream's events; dropped by the server once it has written the
+/// last of them (and the trailers) to the connection, which tells the
+/// renewal task that its last word is on its way.
+struct Delivered {
+    events: ReceiverStream<Result<pb::HoldEvent, Status>>,
+    _sent_all: tokio::sync::oneshot::Sender<()>,
+}
+
+impl tokio_stream::Stream for Delivered {
+    type Item = Result<pb::HoldEvent, Status>;
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        Pin::new(&mut self.get_mut().events).poll_next(cx)
+    }
+}
+
+/// A run won through a `Hold` stream.
+struct HeldRun {
+    spec: ClaimSpec,
+    /// When the Hold request arrived (after the client sent it).
+    received: Instant,
+    /// Until when the client may act on the run, on this sidecar's clock.
+    valid_until: Instant,
+}
+
+/// Milliseconds from `from` to `to` (0 when `to` is earlier).
+fn since(from: Instant, to: Instant) -> i64 {
+    to.saturating_duration_since(from).as_millis() as i64
+}
+
+/// The `Hold` renewal loop: renews every lease/3 (every expiry/3 when the
+/// self-fence bounds holds) while the client listens. Every RENEWED event
+/// carries the new deadline counted from the Hold request
+/// (`hold_valid_for_ms`). The stream ends with `LOST_LEASE` when the run is
+/// fenced, when no renewal succeeds before the deadline, and when the
+/// sidecar leaves. A client that goes away without releasing (its stream
+/// broke, or it stopped answering HTTP/2 keepalive pings) ends the lease at
+/// once.
 async fn keep_renewing(
     s: Arc<ClaimsState>,
-    spec: ClaimSpec,
-    mut lease_until_ms: i64,
+    mut hold: HeldRun,
     tx: mpsc::Sender<Result<pb::HoldEvent, Status>>,
+    delivered: tokio::sync::oneshot::Receiver<()>,
 ) {
     s.metrics.holds_open.inc();
-    let every = Duration::from_millis((spec.lease_ms / 3).max(1) as u64);
+    let spec = &hold.spec;
+    let every = s.guard.renew_every(spec.lease_ms);
     let renew = RenewSpec {
         job: spec.job.clone(),
         slot_ms: spec.slot_ms,
@@ -474,21 +590,65 @@ async fn keep_renewing(
         ..Default::default()
     };
     let mut client_gone = false;
+    let mut last_error: Option<Error> = None;
     loop {
+        let until = tokio::time::Instant::from_std(hold.valid_until);
         tokio::select! {
+            // In this order: after a pause (SIGSTOP) every branch is ready at
+            // once, and a deadline that passed must win over a renewal.
+            biased;
             _ = tx.closed() => { client_gone = true; break; }
-            _ = shutdown.changed() => break,
+            _ = async { let _ = shutdown.wait_for(|v| *v).await; } => {
+                tracing::info!("sidecar leaving: hold told LOST_LEASE");
+                tell_last(&tx, lost("sidecar_leaving")).await;
+                break;
+            }
+            _ = tokio::time::sleep_until(until) => {
+                let reason = match &last_error {
+                    Some(_) => "unavailable",
+                    None => "liveness_unconfirmed",
+                };
+                tracing::warn!(reason, "hold reached its deadline without a renewal");
+                tell_last(&tx, lost(reason)).await;
+                break;
+            }
             _ = tokio::time::sleep(every) => {}
         }
-        let dead = s.liveness.dead_holders();
+        let sent = Instant::now();
+        if sent >= hold.valid_until {
+            // Woken late (a pause): the client has already stopped.
+            tell_last(&tx, lost("liveness_unconfirmed")).await;
+            break;
+        }
+        let bound = match s.promise() {
+            Ok(b) => b,
+            Err(e) => {
+                // Not confirmed: renewing would promise what we cannot
+                // keep. The deadline ends the hold if this lasts.
+                last_error = Some(e);
+                continue;
+            }
+        };
+        let dead = s.guard.dead_holders();
         match s.store.renew(&renew, &dead).await {
             Ok(r) => {
                 s.metrics.renewals.inc();
-                lease_until_ms = r.lease_until_ms;
+                let lease_ms = (r.lease_until_ms - r.now_ms).max(0);
+                let Some(valid) = bound.cap_ms(Instant::now(), lease_ms) else {
+                    last_error = None;
+                    continue;
+                };
+                // Counted from the send of the renewal: the store decided
+                // after it, so this deadline is never late.
+                let lease_end = sent + Duration::from_millis(lease_ms as u64);
+                let fence_end = Instant::now() + Duration::from_millis(valid as u64);
+                hold.valid_until = lease_end.min(fence_end);
+                last_error = None;
                 let ev = pb::HoldEvent {
                     kind: pb::HoldEventKind::Renewed as i32,
                     lease_until_ms: r.lease_until_ms,
-                    valid_for_ms: (r.lease_until_ms - r.now_ms).max(0),
+                    valid_for_ms: since(Instant::now(), hold.valid_until),
+                    hold_valid_for_ms: since(hold.received, hold.valid_until),
                     ..Default::default()
                 };
                 if tx.send(Ok(ev)).await.is_err() {
@@ -509,17 +669,14 @@ async fn keep_renewing(
                 s.note_fenced("hold", spec.job.as_str(), spec.slot_ms, &e);
                 s.metrics.record_error(&e);
                 tracing::info!(reason = e.kind(), "hold lost its lease");
-                let _ = tx.send(Ok(lost("fenced"))).await;
+                tell_last(&tx, lost("fenced")).await;
                 break;
             }
             Err(e) => {
-                // Store trouble: keep trying while the lease may still be ours.
+                // Store trouble: keep trying until the deadline.
                 s.metrics.record_error(&e);
                 tracing::warn!(error = %e, "hold could not renew");
-                if host_now_ms() >= lease_until_ms {
-                    let _ = tx.send(Ok(lost("unavailable"))).await;
-                    break;
-                }
+                last_error = Some(e);
             }
         }
     }
@@ -540,5 +697,15 @@ async fn keep_renewing(
             Err(e) => tracing::warn!(error = %e, "could not end the lease of a broken hold"),
         }
     }
+    // End the stream and wait (briefly) until the server has written its
+    // last event: a leaving sidecar tells its peers only after that.
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_millis(500), delivered).await;
     s.metrics.holds_open.dec();
+}
+
+/// Sends the last event of a stream (the renewal task then ends the stream
+/// and waits for its delivery).
+async fn tell_last(tx: &mpsc::Sender<Result<pb::HoldEvent, Status>>, ev: pb::HoldEvent) {
+    let _ = tx.send(Ok(ev)).await;
 }

@@ -25,13 +25,15 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
+use crate::liveness::{Guard, GuardConfig};
 use crate::mesh::{Identity, Mesh, MeshConfig};
 use crate::proto as pb;
 use crate::store::{self, StoreOptions};
 use crate::Config;
 
-pub use claims::{ClaimsService, ClaimsState, Liveness};
+pub use claims::{ClaimsService, ClaimsState};
 
 /// The bound sockets the sidecar serves on.
 pub struct Listeners {
@@ -96,6 +98,7 @@ pub async fn run(
     let tls = tls::load(&cfg)?;
     let (drain_tx, drain_rx) = watch::channel(false);
     let (mesh_stop_tx, mesh_stop_rx) = watch::channel(false);
+    let guard_stop = mesh_stop_rx.clone();
     let (changed, _) = watch::channel(0u64);
     let mesh = Mesh::start(
         identity.clone(),
@@ -109,6 +112,25 @@ pub async fn run(
         changed.clone(),
     );
 
+    // Store-confirmed liveness (docs/safety.md): refresh our record before
+    // serving, so the first claim can be promised a lease.
+    let guard = Guard::new(
+        store.clone(),
+        holder.clone(),
+        mesh.clone(),
+        GuardConfig {
+            heartbeat: Duration::from_millis(cfg.heartbeat_ms),
+            expiry: Duration::from_millis(cfg.expiry_ms),
+        },
+        changed.clone(),
+    );
+    if guard.bounded() {
+        if let Err(e) = guard.refresh().await {
+            tracing::warn!(error = %e, "cannot refresh this sidecar's liveness record yet");
+        }
+    }
+    guard.spawn(guard_stop);
+
     let metrics = Arc::new(metrics::Metrics::default());
     let runs = Arc::new(runs::RunFeed::default());
     metrics.store_up.set(1);
@@ -117,7 +139,7 @@ pub async fn run(
         defaults: validate::ClaimDefaults::from_config(&cfg),
         holder: holder.clone(),
         metrics: metrics.clone(),
-        liveness: mesh.clone(),
+        guard: guard.clone(),
         mesh: Some(mesh.clone()),
         changed,
         poll: Duration::from_millis(cfg.heartbeat_ms),
@@ -156,11 +178,14 @@ pub async fn run(
         let store = store.clone();
         let holder = holder.clone();
         let mesh = mesh.clone();
+        let guard = guard.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("draining");
-            // Tell the peers first, so they stop counting on us at once.
-            mesh.leave().await;
+            // Promise nothing more, and tell every Hold stream LOST_LEASE
+            // (sidecar_leaving) before the peers may take our runs over.
+            guard.close();
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
@@ -168,6 +193,19 @@ pub async fn run(
                 .set_not_serving::<pb::claims_server::ClaimsServer<ClaimsService>>()
                 .await;
             let _ = drain_tx.send(true);
+            let told = async {
+                while metrics.holds_open.get() > 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(1), told)
+                .await
+                .is_err()
+            {
+                tracing::warn!("some Hold streams did not end within 1 s of the drain");
+            }
+            // Then tell the peers, so they stop counting on us at once.
+            mesh.leave().await;
             match store.end_leases_of(&holder).await {
                 Ok(n) if n > 0 => tracing::info!(runs = n, "ended the leases this runtime held"),
                 Ok(_) => {}
@@ -203,8 +241,13 @@ pub async fn run(
         None => None,
     };
 
+    // HTTP/2 keepalive: a client that stops answering pings (frozen,
+    // partitioned) loses its connection, so its Hold streams end and their
+    // leases with them, within heartbeat + expiry/2 (docs/safety.md).
     let mut builder = tonic::transport::Server::builder()
-        .concurrency_limit_per_connection(cfg.max_concurrent_per_connection);
+        .concurrency_limit_per_connection(cfg.max_concurrent_per_connection)
+        .http2_keepalive_interval(Some(Duration::from_millis(cfg.heartbeat_ms)))
+        .http2_keepalive_timeout(Some(Duration::from_millis(cfg.expiry_ms / 2)));
     if let Some(t) = &tls {
         builder = builder.tls_config(t.server.clone()).context("TLS")?;
     }
@@ -222,7 +265,14 @@ pub async fn run(
                 .max_encoding_message_size(cfg.max_frame_bytes),
         )
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listeners.grpc),
+            // No Nagle: a small stream event (LOST_LEASE, a beat) must not
+            // wait for the ACK of the previous one (up to 40 ms).
+            TcpListenerStream::new(listeners.grpc).map(|conn| {
+                if let Ok(c) = &conn {
+                    let _ = c.set_nodelay(true);
+                }
+                conn
+            }),
             stopped(stop_rx.clone()),
         );
     let drain = Duration::from_millis(cfg.drain_ms);

@@ -94,6 +94,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// Is the store reachable?
     async fn ping(&self) -> Result<()>;
+
+    /// Whether this store keeps a liveness record per sidecar instance that
+    /// its claim step can re-check (`docs/safety.md`). Without one, an
+    /// expired holder's runs are taken over only when their lease runs out.
+    fn keeps_liveness(&self) -> bool {
+        false
+    }
+
+    /// Raises `holder`'s liveness counter (creating the record at 1) and
+    /// returns the new value.
+    async fn beat(&self, _holder: &Holder) -> Result<u64> {
+        Err(Error::NoLeases(self.info().backend))
+    }
+
+    /// The liveness counters of `holders`, in order; 0 for a holder without
+    /// a record.
+    async fn beats_of(&self, holders: &[Holder]) -> Result<Vec<u64>> {
+        Ok(vec![0; holders.len()])
+    }
 }
 
 pub type DynStore = Arc<dyn Store>;

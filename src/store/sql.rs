@@ -125,6 +125,27 @@ pub(super) trait RunAccess: Send {
 
     /// Writes the run.
     async fn write(&mut self, job: &Job, run: &RunRow) -> Result<(), Self::Err>;
+
+    /// The liveness counters of `holders` (0 without a record), read so that
+    /// no refresh of them can commit before this step does.
+    async fn liveness(&mut self, holders: &[Holder]) -> Result<Vec<u64>, Self::Err>;
+}
+
+/// The dead-holder set with its conditional entries resolved against the
+/// liveness records, read inside the step (`DeadHolders::confirmed`).
+pub(super) async fn confirm_dead<'d, A: RunAccess>(
+    runs: &mut A,
+    dead: &'d DeadHolders,
+) -> Result<std::borrow::Cow<'d, DeadHolders>, A::Err> {
+    if !dead.has_conditional() {
+        return Ok(std::borrow::Cow::Borrowed(dead));
+    }
+    let holders: Vec<Holder> = dead.conditional().map(|(h, _)| h.clone()).collect();
+    let counters = runs.liveness(&holders).await?;
+    let seen: std::collections::HashMap<&Holder, u64> = holders.iter().zip(counters).collect();
+    Ok(std::borrow::Cow::Owned(
+        dead.confirmed(|h| seen.get(h).copied().unwrap_or(0)),
+    ))
 }
 
 /// Decides on `run`, reading the job's other running runs when the decision
@@ -165,6 +186,8 @@ pub(super) async fn claim_locked<A: RunAccess>(
     dead: &DeadHolders,
     now: i64,
 ) -> Result<ClaimAnswer, A::Err> {
+    let dead = confirm_dead(runs, dead).await?;
+    let dead = dead.as_ref();
     let run = runs.run(&spec.job, spec.slot_ms).await?;
     let d = decide_on(runs, spec, dead, now, run.as_ref()).await?;
     let fencing = if d.wins() {

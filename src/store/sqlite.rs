@@ -192,6 +192,26 @@ impl RunAccess for SqliteConnection {
     async fn write(&mut self, job: &Job, run: &RunRow) -> Result<()> {
         write_run(self, job, run).await
     }
+
+    async fn liveness(&mut self, holders: &[Holder]) -> Result<Vec<u64>> {
+        read_liveness(self, holders).await
+    }
+}
+
+/// The liveness counters of `holders` (0 without a record).
+async fn read_liveness(conn: &mut SqliteConnection, holders: &[Holder]) -> Result<Vec<u64>> {
+    let mut out = Vec::with_capacity(holders.len());
+    for h in holders {
+        let c: Option<i64> =
+            sqlx::query_scalar("SELECT counter FROM liveness WHERE node = ? AND instance = ?")
+                .bind(&h.node)
+                .bind(h.instance as i64)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(convert)?;
+        out.push(c.unwrap_or(0) as u64);
+    }
+    Ok(out)
 }
 
 impl SqliteStore {
@@ -371,9 +391,46 @@ impl Store for SqliteStore {
         .await
         .map_err(convert)?
         .rows_affected();
+        // Liveness records of instances gone for longer than the retention.
+        sqlx::query(
+            "DELETE FROM liveness WHERE (node, instance) IN (
+               SELECT node, instance FROM liveness WHERE updated_at_ms < ? LIMIT ?)",
+        )
+        .bind(cutoff_ms)
+        .bind(batch as i64)
+        .execute(&mut *conn)
+        .await
+        .map_err(convert)?;
         let out = n;
         tx.commit().await.map_err(convert)?;
         Ok(out)
+    }
+
+    fn keeps_liveness(&self) -> bool {
+        true
+    }
+
+    async fn beat(&self, holder: &Holder) -> Result<u64> {
+        let (_guard, mut tx) = self.begin().await?;
+        let counter: i64 = sqlx::query_scalar(
+            "INSERT INTO liveness (node, instance, counter, updated_at_ms) VALUES (?, ?, 1, ?)
+             ON CONFLICT (node, instance) DO UPDATE
+               SET counter = counter + 1, updated_at_ms = excluded.updated_at_ms
+             RETURNING counter",
+        )
+        .bind(&holder.node)
+        .bind(holder.instance as i64)
+        .bind(host_now_ms())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(convert)?;
+        tx.commit().await.map_err(convert)?;
+        Ok(counter as u64)
+    }
+
+    async fn beats_of(&self, holders: &[Holder]) -> Result<Vec<u64>> {
+        let mut conn = self.pool.acquire().await.map_err(convert)?;
+        read_liveness(&mut conn, holders).await
     }
 
     async fn ping(&self) -> Result<()> {

@@ -5,6 +5,7 @@
 pub mod brokers;
 pub mod contest;
 pub mod inproc;
+pub mod lab;
 pub mod liveness;
 pub mod pg;
 pub mod process;

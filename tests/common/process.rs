@@ -13,6 +13,12 @@ pub fn free_addr() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
+/// A free port on `ip` (bound then released).
+pub fn free_addr_on(ip: std::net::IpAddr) -> SocketAddr {
+    let l = TcpListener::bind((ip, 0)).unwrap();
+    l.local_addr().unwrap()
+}
+
 pub struct Sidecar {
     pub child: Option<Child>,
     pub addr: SocketAddr,
@@ -20,6 +26,8 @@ pub struct Sidecar {
     pub data_dir: PathBuf,
     pub args: Vec<String>,
     pub log: PathBuf,
+    /// Run under this group id (the fault lab tells processes apart by it).
+    pub gid: Option<u32>,
 }
 
 impl Sidecar {
@@ -30,7 +38,21 @@ impl Sidecar {
 
     /// Like `start`, on a chosen gRPC address.
     pub fn start_at(data_dir: &Path, addr: SocketAddr, extra: &[&str]) -> Sidecar {
-        let admin = free_addr();
+        Sidecar::start_as(data_dir, addr, extra, None)
+    }
+
+    /// Like `start_at`, under its own group id (the admin port on the same IP).
+    pub fn start_as(
+        data_dir: &Path,
+        addr: SocketAddr,
+        extra: &[&str],
+        gid: Option<u32>,
+    ) -> Sidecar {
+        let admin = if gid.is_some() {
+            free_addr_on(addr.ip())
+        } else {
+            free_addr()
+        };
         let mut args: Vec<String> = vec![
             "serve".into(),
             "--listen".into(),
@@ -48,6 +70,7 @@ impl Sidecar {
             data_dir: data_dir.to_owned(),
             args,
             log: data_dir.join(format!("serve-{}.log", addr.port())),
+            gid,
         };
         s.spawn();
         s
@@ -56,7 +79,12 @@ impl Sidecar {
     fn spawn(&mut self) {
         std::fs::create_dir_all(&self.data_dir).unwrap();
         let log = std::fs::File::create(&self.log).unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        if let Some(g) = self.gid {
+            use std::os::unix::process::CommandExt;
+            cmd.gid(g);
+        }
+        let child = cmd
             .args(&self.args)
             .env(
                 "RUST_LOG",
@@ -102,6 +130,22 @@ impl Sidecar {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = self.child.as_ref() {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig).unwrap();
+        }
+    }
+
+    /// SIGSTOP: the process freezes (a GC pause, a throttled container).
+    pub fn pause(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`Sidecar::pause`].
+    pub fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
     }
 
     /// SIGTERM and wait for the exit.

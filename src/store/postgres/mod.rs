@@ -69,6 +69,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "claim_function",
         include_str!("../../../migrations/postgres/0002_claim_function.sql"),
     ),
+    (
+        3,
+        "liveness",
+        include_str!("../../../migrations/postgres/0003_liveness.sql"),
+    ),
 ];
 
 /// Where and how a PostgreSQL store runs, from its backend URL.
@@ -285,13 +290,40 @@ struct Statements {
     end_leases_of: String,
     history: String,
     prune: String,
+    /// Raises an instance's liveness counter; returns it.
+    beat: String,
+    /// Liveness counters of (node, instance) arrays, read FOR SHARE.
+    liveness_for_share: String,
+    /// Liveness counters of (node, instance) arrays, without a lock.
+    liveness: String,
+    /// Deletes liveness records not refreshed since a cutoff.
+    prune_liveness: String,
 }
 
 impl Statements {
     fn new(p: &str) -> Statements {
         let runs = format!("{p}_runs");
         let jobs = format!("{p}_jobs");
+        let liveness = format!("{p}_liveness");
+        let liveness_of = format!(
+            "SELECT d.n AS node, d.i AS instance, l.counter
+             FROM unnest($1::text[], $2::bigint[]) AS d(n, i)
+             JOIN {liveness} l ON l.node = d.n AND l.instance = d.i"
+        );
         Statements {
+            beat: format!(
+                "INSERT INTO {liveness} (node, instance, counter, updated_at_ms)
+                 VALUES ($1, $2, 1, {NOW_MS})
+                 ON CONFLICT (node, instance) DO UPDATE
+                   SET counter = {liveness}.counter + 1, updated_at_ms = excluded.updated_at_ms
+                 RETURNING counter"
+            ),
+            liveness_for_share: format!("{liveness_of} FOR SHARE OF l"),
+            liveness: liveness_of,
+            prune_liveness: format!(
+                "DELETE FROM {liveness} WHERE (node, instance) IN (
+                   SELECT node, instance FROM {liveness} WHERE updated_at_ms < $1 LIMIT $2)"
+            ),
             claim_fn: format!(
                 "SELECT o_decision AS decision, o_now_ms AS now_ms,
                    o_overlap_node AS overlap_node, o_overlap_instance AS overlap_instance,
@@ -513,6 +545,45 @@ impl RunAccess for PgRuns<'_> {
         self.wrote = true;
         Ok(())
     }
+
+    async fn liveness(&mut self, holders: &[Holder]) -> Attempt<Vec<u64>> {
+        let rows = fetch_liveness(&mut *self.conn, &self.sql.liveness_for_share, holders).await?;
+        Ok(rows)
+    }
+}
+
+/// The liveness counters of `holders` (0 without a record) with `sql`
+/// ([`Statements::liveness`] or its `FOR SHARE` twin).
+async fn fetch_liveness(
+    conn: &mut PgConnection,
+    sql: &str,
+    holders: &[Holder],
+) -> Attempt<Vec<u64>> {
+    let (nodes, instances): (Vec<&str>, Vec<i64>) = holders
+        .iter()
+        .map(|h| (h.node.as_str(), h.instance as i64))
+        .unzip();
+    let rows = sqlx::query(sql)
+        .bind(nodes)
+        .bind(instances)
+        .fetch_all(conn)
+        .await?;
+    let mut found = std::collections::HashMap::new();
+    for r in &rows {
+        let node: String = r.try_get("node")?;
+        let instance: i64 = r.try_get("instance")?;
+        let counter: i64 = r.try_get("counter")?;
+        found.insert((node, instance), counter as u64);
+    }
+    Ok(holders
+        .iter()
+        .map(|h| {
+            found
+                .get(&(h.node.clone(), h.instance as i64))
+                .copied()
+                .unwrap_or(0)
+        })
+        .collect())
 }
 
 impl PostgresStore {
@@ -772,7 +843,12 @@ impl Store for PostgresStore {
 
     async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Result<ClaimAnswer> {
         match self.claim {
-            PgClaim::Function => self.retrying(|| self.claim_function(spec, dead)).await,
+            // The function cannot re-check liveness records: a claim that
+            // would take over an expired holder runs as a transaction.
+            PgClaim::Function if !dead.has_conditional() => {
+                self.retrying(|| self.claim_function(spec, dead)).await
+            }
+            PgClaim::Function => self.retrying(|| self.claim_transaction(spec, dead)).await,
             PgClaim::Transaction => self.retrying(|| self.claim_transaction(spec, dead)).await,
         }
     }
@@ -831,6 +907,14 @@ impl Store for PostgresStore {
     async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64> {
         self.retrying(|| {
             self.execute(
+                sqlx::query(&self.sql.prune_liveness)
+                    .bind(cutoff_ms)
+                    .bind(batch as i64),
+            )
+        })
+        .await?;
+        self.retrying(|| {
+            self.execute(
                 sqlx::query(&self.sql.prune)
                     .bind(cutoff_ms)
                     .bind(batch as i64),
@@ -843,6 +927,34 @@ impl Store for PostgresStore {
         self.retrying(|| self.execute(sqlx::query("SELECT 1")))
             .await
             .map(drop)
+    }
+
+    fn keeps_liveness(&self) -> bool {
+        true
+    }
+
+    async fn beat(&self, holder: &Holder) -> Result<u64> {
+        self.retrying(|| async {
+            let mut conn = self.pool.acquire().await?;
+            let c: i64 = sqlx::query_scalar(&self.sql.beat)
+                .bind(holder.node.as_str())
+                .bind(holder.instance as i64)
+                .fetch_one(&mut *conn)
+                .await?;
+            conn.done();
+            Ok(c as u64)
+        })
+        .await
+    }
+
+    async fn beats_of(&self, holders: &[Holder]) -> Result<Vec<u64>> {
+        self.retrying(|| async {
+            let mut conn = self.pool.acquire().await?;
+            let out = fetch_liveness(&mut conn, &self.sql.liveness, holders).await?;
+            conn.done();
+            Ok(out)
+        })
+        .await
     }
 }
 

@@ -14,6 +14,9 @@
 --   6 (optional, single server only) the job registry set (claim, prune)
 --   7 (optional, single server only) the claimer's holder index set (claim)
 --   8 (optional, single server only) the memory record (claim): see below
+--   9 (optional, single server only) the liveness hash, `node\0instance`
+--     -> counter, raised by every sidecar every expiry/4 (claim): see
+--     `liveness` below and docs/safety.md
 -- On a cluster, keys 6 and 7 live in other slots: the caller updates them
 -- with separate commands after the step instead.
 --
@@ -57,7 +60,11 @@ end
 
 -- The dead-holder set, passed in by the caller's sidecar from its mesh view:
 -- a count and (node, instance) pairs of dead instances, then a count and
--- (node, newest instance) pairs; any older instance of such a node is dead.
+-- (node, newest instance) pairs; any older instance of such a node is dead;
+-- then a count and (node, instance, counter) triples of expired instances,
+-- dead only if their liveness counter (KEYS[9]) still has that value: the
+-- caller saw it unchanged for one expiry, and a holder that refreshed it
+-- since is alive. Without KEYS[9] those are not dead.
 local function liveness(i)
   local dead, cur = {}, {}
   local n = tonumber(ARGV[i]); i = i + 1
@@ -69,6 +76,14 @@ local function liveness(i)
   for _ = 1, m do
     cur[ARGV[i]] = tonumber(ARGV[i + 1])
     i = i + 2
+  end
+  local k = tonumber(ARGV[i]) or 0; i = i + 1
+  for _ = 1, k do
+    local id = ARGV[i] .. '\0' .. ARGV[i + 1]
+    if KEYS[9] and (redis.call('HGET', KEYS[9], id) or '0') == ARGV[i + 2] then
+      dead[id] = true
+    end
+    i = i + 3
   end
   return function(node, inst)
     if dead[node .. '\0' .. inst] then

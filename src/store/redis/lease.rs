@@ -192,9 +192,25 @@ fn member(job: &Job, slot: SlotMs) -> String {
     format!("{}\0{slot}", job.as_str())
 }
 
-/// The dead-holder set as script arguments: count + pairs, count + pairs.
-fn dead_args(inv: &mut ScriptInvocation<'_>, dead: &DeadHolders) {
-    let explicit: Vec<&Holder> = dead.dead().collect();
+/// The liveness hash of a prefix (one server only).
+fn liveness_key(prefix: &str) -> String {
+    format!("{prefix}:liveness")
+}
+
+/// A field of the liveness hash: `node\0instance`.
+fn liveness_field(h: &Holder) -> String {
+    format!("{}\0{}", h.node, h.instance)
+}
+
+/// The dead-holder set as script arguments: count + pairs, count + pairs,
+/// count + triples. With `check`, the conditional entries go as triples for
+/// the script to check against the liveness hash (a claim); without, they
+/// count as dead outright (renew and release, where refusing is safe).
+fn dead_args(inv: &mut ScriptInvocation<'_>, dead: &DeadHolders, check: bool) {
+    let mut explicit: Vec<&Holder> = dead.dead().collect();
+    if !check {
+        explicit.extend(dead.conditional().map(|(h, _)| h));
+    }
     inv.arg(explicit.len());
     for h in explicit {
         inv.arg(&h.node).arg(h.instance);
@@ -203,6 +219,15 @@ fn dead_args(inv: &mut ScriptInvocation<'_>, dead: &DeadHolders) {
     inv.arg(current.len());
     for (node, instance) in current {
         inv.arg(node).arg(*instance);
+    }
+    if check {
+        let conditional: Vec<(&Holder, u64)> = dead.conditional().collect();
+        inv.arg(conditional.len());
+        for (h, counter) in conditional {
+            inv.arg(&h.node).arg(h.instance).arg(counter);
+        }
+    } else {
+        inv.arg(0);
     }
 }
 
@@ -270,7 +295,8 @@ impl Store for LeaseStore {
         if single {
             inv.key(self.registry_key())
                 .key(holder_key(&self.prefix, &spec.holder))
-                .key(memory_key(&self.prefix));
+                .key(memory_key(&self.prefix))
+                .key(liveness_key(&self.prefix));
         }
         let expected = self
             .memory
@@ -291,7 +317,7 @@ impl Store for LeaseStore {
             .arg(spec.job.as_str())
             .arg(&expected)
             .arg(self.quarantine_ms);
-        dead_args(&mut inv, dead);
+        dead_args(&mut inv, dead, single);
         let r = self.run(&inv).await?;
         if single {
             let seen = reply::string(r.get(9))?;
@@ -360,7 +386,7 @@ impl Store for LeaseStore {
         inv.arg(spec.slot_ms)
             .arg(spec.token.as_str())
             .arg(spec.lease_ms);
-        dead_args(&mut inv, dead);
+        dead_args(&mut inv, dead, false);
         let r = self.run(&inv).await?;
         if reply::int(r.first())? != 1 {
             return Err(fence_error(&reply::string(r.get(1))?));
@@ -379,7 +405,7 @@ impl Store for LeaseStore {
             .arg(spec.token.as_str())
             .arg(spec.result.state().as_str())
             .arg(self.history_maxlen);
-        dead_args(&mut inv, dead);
+        dead_args(&mut inv, dead, false);
         let r = self.run(&inv).await?;
         if reply::int(r.first())? != 1 {
             return Err(fence_error(&reply::string(r.get(1))?));
@@ -531,5 +557,40 @@ impl Store for LeaseStore {
             .query::<String>(&::redis::cmd("PING"))
             .await
             .map(|_| ())
+    }
+
+    /// One server only: on a cluster the hash would sit in another slot
+    /// than the job's keys, out of the claim script's reach.
+    fn keeps_liveness(&self) -> bool {
+        !self.conn.is_cluster()
+    }
+
+    async fn beat(&self, holder: &Holder) -> Result<u64> {
+        if self.conn.is_cluster() {
+            return Err(Error::NoLeases(self.info.backend));
+        }
+        let n: i64 = self
+            .conn
+            .query(
+                ::redis::cmd("HINCRBY")
+                    .arg(liveness_key(&self.prefix))
+                    .arg(liveness_field(holder))
+                    .arg(1),
+            )
+            .await?;
+        Ok(n as u64)
+    }
+
+    async fn beats_of(&self, holders: &[Holder]) -> Result<Vec<u64>> {
+        if holders.is_empty() || self.conn.is_cluster() {
+            return Ok(vec![0; holders.len()]);
+        }
+        let mut cmd = ::redis::cmd("HMGET");
+        cmd.arg(liveness_key(&self.prefix));
+        for h in holders {
+            cmd.arg(liveness_field(h));
+        }
+        let v: Vec<Option<i64>> = self.conn.query(&cmd).await?;
+        Ok(v.into_iter().map(|c| c.unwrap_or(0) as u64).collect())
     }
 }

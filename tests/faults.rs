@@ -1,0 +1,387 @@
+//! Never two holders at once (SPEC §5, docs/safety.md): the fault lab's
+//! short runs, per lease store. Each scenario starts three sidecars on
+//! 127.0.0.2–.4 (own group ids), a client per sidecar contending for one
+//! lock through `Hold`, client 0 holding first through sidecar A (node 0),
+//! injects one fault, heals, and asserts on what the clients were told:
+//! zero overlapping holders, rising fencing, and a winner where one is due.
+//! Each store adds one `faults!` line.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::lab::{self, ms, Clients, Ended, Lab, Nft, EXPIRY, HB, LEASE};
+use common::restart::{self, Server};
+
+/// These tests measure time and share nftables: they take turns.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn job(kind: &str) -> String {
+    format!("fault-{kind}-{:08x}", rand::random::<u32>())
+}
+
+/// The intervals won after `t` by a client other than 0.
+fn won_by_others_after(v: &[lab::Held], t: Instant) -> Vec<&lab::Held> {
+    v.iter().filter(|h| h.client != 0 && h.won >= t).collect()
+}
+
+/// A cut from the mesh only: A still reaches the store and refreshes its
+/// liveness record, so nobody may confirm its death: A keeps its run, and
+/// nobody else is told WON while the cut lasts.
+async fn mesh_cut(backend: &str) {
+    let nft = Nft::new();
+    let lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("mesh")).await;
+    let cut = Instant::now();
+    lab.cut_from_mesh(&nft, 0);
+    tokio::time::sleep(ms(3 * EXPIRY)).await;
+    nft.heal();
+    let healed = Instant::now();
+    tokio::time::sleep(ms(EXPIRY)).await;
+    assert_eq!(c.checker.holder(), Some(0), "A kept its run");
+    let v = c.finish().await;
+    let during: Vec<_> = won_by_others_after(&v, cut)
+        .into_iter()
+        .filter(|h| h.won < healed)
+        .collect();
+    assert!(during.is_empty(), "won during a mesh-only cut: {during:?}");
+}
+
+/// One-way cuts (A's packets to B and C dropped, theirs to A pass): the
+/// same as a full mesh cut.
+async fn asymmetric_cut(backend: &str) {
+    let nft = Nft::new();
+    let lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("oneway")).await;
+    let cut = Instant::now();
+    nft.cut(lab.nodes[0].ip, lab.nodes[1].ip);
+    nft.cut(lab.nodes[0].ip, lab.nodes[2].ip);
+    tokio::time::sleep(ms(3 * EXPIRY)).await;
+    nft.heal();
+    tokio::time::sleep(ms(EXPIRY)).await;
+    let v = c.finish().await;
+    assert!(
+        won_by_others_after(&v, cut).is_empty(),
+        "won during a one-way cut: {v:#?}"
+    );
+}
+
+/// A cut from the store only: A cannot refresh its record, so its holder
+/// is told to stop within one expiry; the run is taken over once its lease
+/// has lapsed (A is alive in the mesh, so not before).
+async fn store_cut(backend: &str) {
+    let nft = Nft::new();
+    let lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("store")).await;
+    let cut = Instant::now();
+    lab.cut_from_store(&nft, 0);
+    tokio::time::sleep(ms(LEASE as u64 + 2 * EXPIRY + 1000)).await;
+    let winner = c.checker.holder();
+    nft.heal();
+    tokio::time::sleep(ms(EXPIRY)).await;
+    let v = c.finish().await;
+    let a = v.iter().find(|h| h.client == 0).expect("A held");
+    assert!(
+        a.until.duration_since(cut) <= ms(EXPIRY + 200),
+        "A's holder stopped {:?} after the cut",
+        a.until.duration_since(cut)
+    );
+    assert!(
+        matches!(winner, Some(1 | 2)),
+        "nobody took the run over while A was cut from the store: {v:#?}"
+    );
+}
+
+/// A cut from the mesh and the store: A's holder is told to stop (or its
+/// deadline passes) before anyone else is told WON, and the run is taken
+/// over soon after one expiry.
+async fn full_cut(backend: &str) {
+    let nft = Nft::new();
+    let lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("full")).await;
+    let cut = Instant::now();
+    lab.cut_from_mesh(&nft, 0);
+    lab.cut_from_store(&nft, 0);
+    tokio::time::sleep(ms(3 * EXPIRY)).await;
+    let winner = c.checker.holder();
+    nft.heal();
+    tokio::time::sleep(ms(EXPIRY)).await;
+    let v = c.finish().await;
+    let a = v.iter().find(|h| h.client == 0).expect("A held");
+    let first_other = won_by_others_after(&v, cut)
+        .into_iter()
+        .next()
+        .expect("the run was taken over");
+    assert!(
+        a.until <= first_other.won,
+        "A's holder stopped after the takeover: {v:#?}"
+    );
+    let took = first_other.won.duration_since(cut);
+    assert!(
+        took <= ms(EXPIRY + 3 * HB + 500),
+        "taken over {took:?} after a full cut"
+    );
+    assert!(matches!(winner, Some(1 | 2)));
+}
+
+/// A paused sidecar (SIGSTOP for two expiries): its holder's deadline
+/// passes before the peers take the run over, and on waking it neither
+/// renews nor answers WON from stale belief.
+async fn pause(backend: &str) {
+    let lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("pause")).await;
+    let paused = Instant::now();
+    lab.nodes[0].sidecar.pause();
+    tokio::time::sleep(ms(2 * EXPIRY + 500)).await;
+    let winner = c.checker.holder();
+    lab.nodes[0].sidecar.resume();
+    tokio::time::sleep(ms(2 * EXPIRY)).await;
+    let v = c.finish().await;
+    let a = v.iter().find(|h| h.client == 0).expect("A held");
+    assert!(
+        a.until.duration_since(paused) <= ms(EXPIRY),
+        "A's holder held {:?} into the pause",
+        a.until.duration_since(paused)
+    );
+    assert!(
+        matches!(winner, Some(1 | 2)),
+        "nobody took over from the paused sidecar: {v:#?}"
+    );
+}
+
+/// SIGKILL of the holder's sidecar: taken over within one expiry plus one
+/// heartbeat (and not before expiry − 1 heartbeat).
+async fn kill(backend: &str) {
+    let mut lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("kill")).await;
+    tokio::time::sleep(ms(2 * HB)).await;
+    tokio::task::block_in_place(|| lab.nodes[0].sidecar.kill());
+    let killed = Instant::now();
+    let end = killed + ms(EXPIRY + 10 * HB);
+    while !matches!(c.checker.holder(), Some(1 | 2)) && Instant::now() < end {
+        tokio::time::sleep(ms(5)).await;
+    }
+    let v = c.finish().await;
+    let next = won_by_others_after(&v, killed)
+        .into_iter()
+        .next()
+        .expect("taken over");
+    let took = next.won.duration_since(killed);
+    assert!(
+        took >= ms(EXPIRY - HB) && took <= ms(EXPIRY + HB + 150),
+        "taken over {took:?} after SIGKILL, want [{:?}, {:?}]",
+        ms(EXPIRY - HB),
+        ms(EXPIRY + HB + 150)
+    );
+    println!("takeover after SIGKILL: {took:?}");
+}
+
+/// Two sidecars down at once (the holder's and one more): the third takes
+/// the run over.
+async fn two_down(backend: &str) {
+    let mut lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("two")).await;
+    tokio::task::block_in_place(|| {
+        lab.nodes[0].sidecar.kill();
+        lab.nodes[1].sidecar.kill();
+    });
+    let killed = Instant::now();
+    let end = killed + ms(EXPIRY + 10 * HB);
+    while c.checker.holder() != Some(2) && Instant::now() < end {
+        tokio::time::sleep(ms(5)).await;
+    }
+    let v = c.finish().await;
+    assert!(
+        v.iter().any(|h| h.client == 2 && h.won >= killed),
+        "the third sidecar never took over: {v:#?}"
+    );
+}
+
+/// SIGTERM of the holder's sidecar: its Hold streams end with LOST_LEASE
+/// `sidecar_leaving` before anyone else is told WON.
+async fn sigterm(backend: &str) {
+    let mut lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("term")).await;
+    // Waiting for the exit blocks: keep the runtime's clients going meanwhile.
+    let status = tokio::task::block_in_place(|| lab.nodes[0].sidecar.terminate());
+    assert!(status.success());
+    tokio::time::sleep(ms(EXPIRY)).await;
+    let v = c.finish().await;
+    let a = v.iter().find(|h| h.client == 0).expect("A held");
+    assert_eq!(a.ended, Ended::Lost("sidecar_leaving".into()), "{v:#?}");
+    assert!(
+        v.iter().any(|h| h.client != 0),
+        "nobody took over after the leave: {v:#?}"
+    );
+}
+
+/// The store server restarts while A holds.
+async fn store_restart(backend: &str, server: Server) {
+    let _serial = restart::lock().await;
+    let lab = Lab::start(backend, 3).await;
+    let c = Clients::start(&lab, &job("restart")).await;
+    tokio::task::block_in_place(|| server.stop());
+    tokio::time::sleep(ms(2000)).await;
+    tokio::task::block_in_place(|| server.start());
+    // Quarantine (Redis forgot everything) and lapsed leases.
+    let end = Instant::now() + ms(LEASE as u64 + 6000);
+    while c.checker.holder().is_none() && Instant::now() < end {
+        tokio::time::sleep(ms(20)).await;
+    }
+    let holder = c.checker.holder();
+    let v = c.finish().await;
+    assert!(holder.is_some(), "nobody held after the restart: {v:#?}");
+}
+
+macro_rules! faults {
+    ($name:ident, $backend:expr, networked: $net:expr, restart: $server:expr) => {
+        mod $name {
+            use super::*;
+
+            macro_rules! case {
+                ($case:ident) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $case() {
+                        let _turn = TURN.lock().await;
+                        if let Some(url) = $backend {
+                            if lab::available() {
+                                super::$case(&url).await;
+                            }
+                        }
+                    }
+                };
+                ($case:ident, networked) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $case() {
+                        let _turn = TURN.lock().await;
+                        if let (Some(url), true) = ($backend, $net) {
+                            if lab::available() {
+                                super::$case(&url).await;
+                            }
+                        }
+                    }
+                };
+            }
+
+            case!(mesh_cut);
+            case!(asymmetric_cut);
+            case!(store_cut, networked);
+            case!(full_cut, networked);
+            case!(pause);
+            case!(kill);
+            case!(two_down);
+            case!(sigterm);
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn store_restart() {
+                let _turn = TURN.lock().await;
+                if let (Some(url), Some(server)) = ($backend, $server) {
+                    if lab::available() {
+                        super::store_restart(&url, server).await;
+                    }
+                }
+            }
+        }
+    };
+}
+
+fn sqlite() -> Option<String> {
+    let dir = tempfile::tempdir().unwrap().keep();
+    Some(format!("sqlite://{}", dir.join("shared.db").display()))
+}
+
+fn postgres() -> Option<String> {
+    common::pg::available().then(|| common::pg::backend(&common::pg::prefix()))
+}
+
+/// Redis keeps nothing on disk here: a restart forgets every claim, and the
+/// amnesia guard quarantines for `quarantine_ms` (≥ the lease).
+fn redis_lease() -> Option<String> {
+    common::redis::have_redis().then(|| {
+        format!(
+            "{}&quarantine_ms={}",
+            common::redis::url("lease"),
+            LEASE + 500
+        )
+    })
+}
+
+// SQLite is a file on the sidecars' host: it cannot be cut off or restarted.
+faults!(sqlite, sqlite(), networked: false, restart: None::<Server>);
+faults!(postgres, postgres(), networked: true, restart: Some(Server::Postgres));
+faults!(redis_lease, redis_lease(), networked: true, restart: Some(Server::Redis));
+
+/// A frozen client (SIGSTOP of `anarchon hold`): the sidecar's HTTP/2
+/// keepalive pings go unanswered, the connection closes, and the lease ends,
+/// within heartbeat + expiry/2 (+ slack); another claimer then wins. After
+/// SIGCONT the frozen `hold` finds its deadline passed and stops its command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_client_loses_its_lock() {
+    use anarchon::proto as pb;
+    let _turn = TURN.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let backend = sqlite().unwrap();
+    let s = common::process::Sidecar::start(
+        &root.path().join("a"),
+        &[
+            "--backend",
+            &backend,
+            "--heartbeat-ms",
+            &HB.to_string(),
+            "--expiry-ms",
+            &EXPIRY.to_string(),
+        ],
+    );
+    let job = job("frozen");
+    let marker = root.path().join("ran");
+    let mut hold = std::process::Command::new(common::process::BIN)
+        .args([
+            "hold",
+            &job,
+            "--server",
+            &s.addr.to_string(),
+            "--lease-ms",
+            "30000",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("touch {}; sleep 60", marker.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !marker.exists() {
+        assert!(Instant::now() < end, "hold never ran its command");
+        tokio::time::sleep(ms(20)).await;
+    }
+    let pid = nix::unistd::Pid::from_raw(hold.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let frozen = Instant::now();
+    let mut c = anarchon::proto::claims_client::ClaimsClient::connect(s.url())
+        .await
+        .unwrap();
+    let won = c
+        .claim(pb::ClaimRequest {
+            job: job.clone(),
+            slot_ms: 0,
+            lease_ms: 30_000,
+            wait_ms: 20_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let took = frozen.elapsed();
+    assert_eq!(won.outcome, pb::Outcome::Won as i32, "{won:?}");
+    let bound = ms(HB + EXPIRY / 2 + 1000);
+    assert!(
+        took <= bound,
+        "the frozen client kept its lock {took:?} (bound {bound:?})"
+    );
+    println!("a frozen client lost its lock after {took:?}");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let status = hold.wait().unwrap();
+    assert_eq!(status.code(), Some(4), "hold must exit 4 (lease lost)");
+}
