@@ -233,51 +233,49 @@ async fn store_restart(backend: &str, server: Server) {
     assert!(holder.is_some(), "nobody held after the restart: {v:#?}");
 }
 
+macro_rules! case {
+    ($case:ident, $backend:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            let _turn = TURN.lock().await;
+            if let Some(url) = $backend {
+                if lab::available() {
+                    super::$case(&url).await;
+                }
+            }
+        }
+    };
+}
+
+/// The faults every lease store gets.
 macro_rules! faults {
-    ($name:ident, $backend:expr, networked: $net:expr, restart: $server:expr) => {
+    ($name:ident, $backend:expr) => {
         mod $name {
             use super::*;
+            case!(mesh_cut, $backend);
+            case!(asymmetric_cut, $backend);
+            case!(pause, $backend);
+            case!(kill, $backend);
+            case!(two_down, $backend);
+            case!(sigterm, $backend);
+        }
+    };
+}
 
-            macro_rules! case {
-                ($case:ident) => {
-                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                    async fn $case() {
-                        let _turn = TURN.lock().await;
-                        if let Some(url) = $backend {
-                            if lab::available() {
-                                super::$case(&url).await;
-                            }
-                        }
-                    }
-                };
-                ($case:ident, networked) => {
-                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                    async fn $case() {
-                        let _turn = TURN.lock().await;
-                        if let (Some(url), true) = ($backend, $net) {
-                            if lab::available() {
-                                super::$case(&url).await;
-                            }
-                        }
-                    }
-                };
-            }
-
-            case!(mesh_cut);
-            case!(asymmetric_cut);
-            case!(store_cut, networked);
-            case!(full_cut, networked);
-            case!(pause);
-            case!(kill);
-            case!(two_down);
-            case!(sigterm);
+/// The faults of a store reached over the network: cut from it, restarted.
+macro_rules! store_faults {
+    ($name:ident, $backend:expr, $server:expr) => {
+        mod $name {
+            use super::*;
+            case!(store_cut, $backend);
+            case!(full_cut, $backend);
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn store_restart() {
                 let _turn = TURN.lock().await;
-                if let (Some(url), Some(server)) = ($backend, $server) {
+                if let Some(url) = $backend {
                     if lab::available() {
-                        super::store_restart(&url, server).await;
+                        super::store_restart(&url, $server).await;
                     }
                 }
             }
@@ -306,10 +304,12 @@ fn redis_lease() -> Option<String> {
     })
 }
 
+faults!(sqlite, sqlite());
+faults!(postgres, postgres());
+faults!(redis_lease, redis_lease());
 // SQLite is a file on the sidecars' host: it cannot be cut off or restarted.
-faults!(sqlite, sqlite(), networked: false, restart: None::<Server>);
-faults!(postgres, postgres(), networked: true, restart: Some(Server::Postgres));
-faults!(redis_lease, redis_lease(), networked: true, restart: Some(Server::Redis));
+store_faults!(postgres_store, postgres(), Server::Postgres);
+store_faults!(redis_lease_store, redis_lease(), Server::Redis);
 
 /// A frozen client (SIGSTOP of `anarchon hold`): the sidecar's HTTP/2
 /// keepalive pings go unanswered, the connection closes, and the lease ends,

@@ -70,7 +70,11 @@ async fn claim_renew_release_history() {
         .unwrap()
         .into_inner();
     assert!(renewed.lease_until_ms > a.lease_until_ms);
-    assert!(renewed.valid_for_ms > 59_000);
+    // The store lease is 60 s; what is promised stops at the self-fence.
+    assert!(
+        renewed.valid_for_ms > 500 && renewed.valid_for_ms <= 900,
+        "{renewed:?}"
+    );
 
     let rel = pb::ReleaseRequest {
         job: "report".into(),
