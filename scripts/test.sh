@@ -16,6 +16,15 @@ quick=0
 
 failed=0
 ensure_stores || failed=1
+# The fault lab (tests/faults.rs) cuts links with nftables: install it from
+# Debian when it is missing. Under CI=true the lab fails without it.
+if ! command -v nft >/dev/null; then
+  as_root=()
+  [ "$(id -u)" = 0 ] || as_root=(sudo)
+  { "${as_root[@]}" apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq nftables; } ||
+    echo "test.sh: could not install nftables; the fault lab will fail under CI" >&2
+fi
 for extra in scripts/services/extra-*.sh; do
   [ -e "$extra" ] || continue
   bash "$extra" || failed=1

@@ -385,3 +385,190 @@ async fn a_frozen_client_loses_its_lock() {
     let status = hold.wait().unwrap();
     assert_eq!(status.code(), Some(4), "hold must exit 4 (lease lost)");
 }
+
+// ---- the long run -----------------------------------------------------------
+
+/// One fault of the long run, on the holder's sidecar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Cut from the mesh: both ways, one way, or (networked) from the store
+    /// too; healed after 1–3 expiries.
+    Partition,
+    /// SIGSTOP for 0.5–2.5 expiries.
+    Pause,
+    /// SIGKILL, then a restart with the same data dir.
+    Kill,
+    /// Networked stores: the store server restarts, or the holder's
+    /// sidecar is cut from it for lease + 2 expiries.
+    Store,
+}
+
+#[derive(Default)]
+struct Tally {
+    faults: std::collections::BTreeMap<&'static str, u32>,
+    kill_takeovers: Vec<Duration>,
+}
+
+fn pick<T: Copy>(v: &[T]) -> T {
+    v[rand::random::<u32>() as usize % v.len()]
+}
+
+fn between(lo: u64, hi: u64) -> Duration {
+    ms(lo + rand::random::<u64>() % (hi - lo + 1))
+}
+
+/// One fault on the current holder's sidecar, healed before it returns.
+async fn inject(lab: &mut Lab, c: &Clients, nft: &Nft, fault: Fault, t: &mut Tally) {
+    let Some(h) = c.checker.holder() else {
+        tokio::time::sleep(ms(HB)).await;
+        return;
+    };
+    let networked = lab.store_port().is_some();
+    match fault {
+        Fault::Partition => {
+            let kind = pick(if networked {
+                &["mesh", "oneway", "full"][..]
+            } else {
+                &["mesh", "oneway"][..]
+            });
+            *t.faults.entry(kind).or_default() += 1;
+            match kind {
+                "mesh" => lab.cut_from_mesh(nft, h),
+                "oneway" => {
+                    for o in 0..lab.nodes.len() {
+                        if o != h {
+                            nft.cut(lab.nodes[h].ip, lab.nodes[o].ip);
+                        }
+                    }
+                }
+                _ => {
+                    lab.cut_from_mesh(nft, h);
+                    lab.cut_from_store(nft, h);
+                }
+            }
+            tokio::time::sleep(between(EXPIRY, 3 * EXPIRY)).await;
+            nft.heal();
+        }
+        Fault::Pause => {
+            *t.faults.entry("pause").or_default() += 1;
+            lab.nodes[h].sidecar.pause();
+            tokio::time::sleep(between(EXPIRY / 2, 5 * EXPIRY / 2)).await;
+            lab.nodes[h].sidecar.resume();
+        }
+        Fault::Kill => {
+            *t.faults.entry("kill").or_default() += 1;
+            tokio::task::block_in_place(|| lab.nodes[h].sidecar.kill());
+            let killed = Instant::now();
+            let end = killed + ms(3 * EXPIRY);
+            while !matches!(c.checker.holder(), Some(o) if o != h) && Instant::now() < end {
+                tokio::time::sleep(ms(5)).await;
+            }
+            if matches!(c.checker.holder(), Some(o) if o != h) {
+                t.kill_takeovers.push(killed.elapsed());
+            }
+            tokio::task::block_in_place(|| lab.nodes[h].sidecar.restart());
+            lab.linked().await;
+        }
+        Fault::Store => {
+            if rand::random::<bool>() {
+                *t.faults.entry("store_cut").or_default() += 1;
+                lab.cut_from_store(nft, h);
+                tokio::time::sleep(ms(LEASE as u64 + 2 * EXPIRY)).await;
+                nft.heal();
+            } else {
+                *t.faults.entry("store_restart").or_default() += 1;
+                let server = if lab.backend.starts_with("postgres") {
+                    Server::Postgres
+                } else {
+                    Server::Redis
+                };
+                tokio::task::block_in_place(|| server.stop());
+                tokio::time::sleep(between(500, 3000)).await;
+                tokio::task::block_in_place(|| server.start());
+            }
+        }
+    }
+    // Let the run settle with someone holding before the next fault.
+    let end = Instant::now() + ms(LEASE as u64 + 4 * EXPIRY);
+    while c.checker.holder().is_none() && Instant::now() < end {
+        tokio::time::sleep(ms(20)).await;
+    }
+    tokio::time::sleep(ms(2 * HB)).await;
+}
+
+/// `scripts/soak.sh --faults partition,pause,kill,store --minutes M`: the
+/// fault lab's long run, M minutes per lease store. Prints one `LAB_JSON`
+/// line per store; fails on any overlapping holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the long run: scripts/soak.sh --faults … --minutes M"]
+async fn lab_soak() {
+    let _turn = TURN.lock().await;
+    if !lab::available() {
+        return;
+    }
+    let minutes: f64 = std::env::var("LAB_SOAK_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(1.0);
+    let faults: Vec<Fault> = std::env::var("LAB_SOAK_FAULTS")
+        .unwrap_or_else(|_| "partition,pause,kill,store".into())
+        .split(',')
+        .map(|f| match f.trim() {
+            "partition" => Fault::Partition,
+            "pause" => Fault::Pause,
+            "kill" => Fault::Kill,
+            "store" => Fault::Store,
+            other => panic!("unknown fault {other:?} (partition, pause, kill, store)"),
+        })
+        .collect();
+    let stores =
+        std::env::var("LAB_SOAK_STORES").unwrap_or_else(|_| "sqlite,postgres,redis".into());
+    for store in stores.split(',') {
+        let backend = match store.trim() {
+            "sqlite" => sqlite(),
+            "postgres" => postgres(),
+            "redis" => redis_lease(),
+            other => panic!("unknown store {other:?} (sqlite, postgres, redis)"),
+        };
+        let Some(backend) = backend else {
+            eprintln!("SKIPPED lab soak on {store}: not reachable");
+            continue;
+        };
+        let _serial = restart::lock().await;
+        let nft = Nft::new();
+        let mut lab = Lab::start(&backend, 3).await;
+        let c = Clients::start(&lab, &job("soak")).await;
+        let usable: Vec<Fault> = faults
+            .iter()
+            .copied()
+            .filter(|f| *f != Fault::Store || lab.store_port().is_some())
+            .collect();
+        let mut t = Tally::default();
+        let started = Instant::now();
+        let end = started + Duration::from_secs_f64(minutes * 60.0);
+        while Instant::now() < end {
+            inject(&mut lab, &c, &nft, pick(&usable), &mut t).await;
+        }
+        let v = c.finish().await;
+        let takeovers = v
+            .windows(2)
+            .filter(|w| w[1].attempt > 1 && w[1].client != w[0].client)
+            .count();
+        let mut k = t.kill_takeovers.clone();
+        k.sort();
+        let q = |p: f64| {
+            k.get(((k.len().max(1) - 1) as f64 * p).round() as usize)
+                .map_or(0, |d| d.as_millis())
+        };
+        let n: u32 = t.faults.values().sum();
+        println!(
+            "LAB_JSON {}",
+            serde_json::json!({
+                "store": store, "minutes": minutes, "faults": n, "by_fault": t.faults,
+                "holds": v.len(), "takeovers": takeovers, "overlapping_holders": 0,
+                "kill_takeover_ms": {"n": k.len(), "p50": q(0.5), "p99": q(0.99)},
+                "heartbeat_ms": HB, "expiry_ms": EXPIRY, "lease_ms": LEASE,
+            })
+        );
+    }
+}

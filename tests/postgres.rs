@@ -214,7 +214,7 @@ async fn concurrent_start_on_a_fresh_prefix() {
     .fetch_all(&admin)
     .await
     .unwrap();
-    assert_eq!(versions, vec![1, 2]);
+    assert_eq!(versions, vec![1, 2, 3]);
     let j = job("start");
     let slot = host_now_ms();
     for (i, s) in stores.iter().enumerate() {

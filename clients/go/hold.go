@@ -125,7 +125,13 @@ func (c *Client) Hold(ctx context.Context, job string, slotMs int64, fn func(ctx
 				held.renewals++
 				held.claim.LeaseUntilMs = ev.LeaseUntilMs
 				held.claim.ValidFor = time.Duration(ev.ValidForMs) * time.Millisecond
-				held.claim.Deadline = time.Now().Add(held.claim.ValidFor)
+				if ev.HoldValidForMs > 0 {
+					// Counted from the send of the Hold request: safe even for
+					// an event that sat in a buffer while we were paused.
+					held.claim.Deadline = sent.Add(time.Duration(ev.HoldValidForMs) * time.Millisecond)
+				} else {
+					held.claim.Deadline = time.Now().Add(held.claim.ValidFor)
+				}
 				held.mu.Unlock()
 			case pb.HoldEventKind_HOLD_EVENT_KIND_LOST_LEASE:
 				reason := ev.Reason

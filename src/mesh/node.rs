@@ -955,7 +955,7 @@ impl crate::liveness::MeshView for Mesh {
                 .collect()
         };
         let table = lock(&self.table);
-        let mut out = table.suspects(now, late);
+        let mut out = table.suspects(now, late, |n| linked.contains(n));
         for node in &lost {
             if out.iter().any(|h| &h.node == node) {
                 continue;

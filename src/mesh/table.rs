@@ -380,16 +380,25 @@ impl PeerTable {
     }
 
     /// Runtimes whose liveness record is worth watching: not alive, or
-    /// alive with a beat older than `late`. Left runtimes are dead for sure
+    /// directly linked (`direct` says which) with a beat older than `late`
+    /// (a relayed beat is older by a heartbeat per hop, so only a direct
+    /// one that is late says something). Left runtimes are dead for sure
     /// and not watched.
-    pub fn suspects(&self, now: Instant, late: Duration) -> Vec<Holder> {
+    pub fn suspects(
+        &self,
+        now: Instant,
+        late: Duration,
+        direct: impl Fn(&str) -> bool,
+    ) -> Vec<Holder> {
         self.peers
             .values()
             .filter(|e| match state_of(e, now, self.cfg.expiry) {
                 pb::PeerState::Left => false,
-                pb::PeerState::Alive => e
-                    .seen_at
-                    .is_none_or(|s| now.saturating_duration_since(s) > late),
+                pb::PeerState::Alive => {
+                    direct(&e.mark.node)
+                        && e.seen_at
+                            .is_none_or(|s| now.saturating_duration_since(s) > late)
+                }
                 _ => true,
             })
             .map(|e| Holder {
@@ -543,6 +552,50 @@ mod tests {
         );
         let p = t.peer(&b.node, t0 + ms(2000)).unwrap();
         assert_eq!((p.restarts, p.instance), (0, 1));
+    }
+
+    #[test]
+    fn suspects_and_the_split_dead_set() {
+        let me = Identity::ephemeral(1);
+        let b = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.ingest(&mark(&b, 1, 0), Some(&b.node), t0).unwrap();
+        t.ingest(&mark(&c, 1, 0), Some(&b.node), t0).unwrap();
+        let late = ms(300);
+        let hb = |t: &PeerTable, at, direct: &[&str]| {
+            let mut v: Vec<String> = t
+                .suspects(at, late, |n| direct.contains(&n))
+                .into_iter()
+                .map(|h| h.node)
+                .collect();
+            v.sort();
+            v
+        };
+        // Fresh beats: nobody is suspect.
+        assert!(hb(&t, t0 + ms(300), &[&b.node, &c.node]).is_empty());
+        // A late direct beat is suspect; a late relayed one is not yet.
+        assert_eq!(hb(&t, t0 + ms(301), &[&b.node]), vec![b.node.clone()]);
+        // Not alive any more: suspect however it is reached.
+        let mut both = vec![b.node.clone(), c.node.clone()];
+        both.sort();
+        assert_eq!(hb(&t, t0 + ms(751), &[]), both);
+        // Expired holders are split out: their death needs the store.
+        let (dead, expired) = t.dead_split(t0 + ms(1500));
+        assert_eq!(expired.len(), 2);
+        assert!(!dead.is_dead(&expired[0]) && !dead.is_dead(&expired[1]));
+        // A left runtime is dead for sure, and not watched.
+        let mut left = sign_mark(&b, 2, true, "127.0.0.1:9", &Default::default());
+        left.age_ms = 0;
+        t.ingest(&left, Some(&b.node), t0 + ms(1600)).unwrap();
+        let (dead, expired) = t.dead_split(t0 + ms(1600));
+        assert!(dead.is_dead(&Holder {
+            node: b.node.clone(),
+            instance: 1
+        }));
+        assert_eq!(expired.len(), 1);
+        assert_eq!(hb(&t, t0 + ms(1600), &[]), vec![c.node.clone()]);
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub async fn drop_tables(prefix: &str) {
 async fn drop_prefix(pool: &sqlx::PgPool, prefix: &str) -> sqlx::Result<()> {
     sqlx::raw_sql(&format!(
         "DROP FUNCTION IF EXISTS {prefix}_claim, {prefix}_holder_dead;
-         DROP TABLE IF EXISTS {prefix}_runs, {prefix}_jobs, {prefix}_migrations"
+         DROP TABLE IF EXISTS {prefix}_runs, {prefix}_jobs, {prefix}_liveness, {prefix}_migrations"
     ))
     .execute(pool)
     .await

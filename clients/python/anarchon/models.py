@@ -86,10 +86,11 @@ class HeldClaim(Claim):
     :meth:`check` then raises :class:`~anarchon.errors.LeaseLostError`.
     """
 
-    __slots__ = ("renewals", "lost_reason", "lost_event", "released", "_cond")
+    __slots__ = ("renewals", "lost_reason", "lost_event", "released", "_cond", "_sent_at")
 
     def __init__(self, job: str, slot_ms: int, pb, sent_at: float) -> None:
         super().__init__(job, slot_ms, pb, sent_at)
+        self._sent_at = sent_at
         self.renewals = 0
         self.lost_reason: Optional[str] = None
         self.lost_event = threading.Event()
@@ -123,7 +124,12 @@ class HeldClaim(Claim):
         with self._cond:
             self.lease_until_ms = ev.lease_until_ms
             self.valid_for_ms = ev.valid_for_ms
-            self.deadline = received_at + ev.valid_for_ms / 1000.0
+            if ev.hold_valid_for_ms > 0:
+                # Counted from the send of the Hold request: safe even for an
+                # event that sat in a buffer while this process was paused.
+                self.deadline = self._sent_at + ev.hold_valid_for_ms / 1000.0
+            else:
+                self.deadline = received_at + ev.valid_for_ms / 1000.0
             self.renewals += 1
             self._cond.notify_all()
 

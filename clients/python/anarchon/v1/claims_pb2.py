@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61narchon/v1/claims.proto\x12\x0b\x61narchon.v1\"(\n\x06Holder\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\"\xb0\x01\n\x0c\x43laimRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07slot_ms\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12\x10\n\x08lease_ms\x18\x04 \x01(\x03\x12\x13\n\x0bmax_late_ms\x18\x05 \x01(\x03\x12%\n\x07overlap\x18\x06 \x01(\x0e\x32\x14.anarchon.v1.Overlap\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\r\x12\x0f\n\x07wait_ms\x18\x08 \x01(\x03\"\xeb\x01\n\rClaimResponse\x12%\n\x07outcome\x18\x01 \x01(\x0e\x32\x14.anarchon.v1.Outcome\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0f\n\x07\x66\x65ncing\x18\x04 \x01(\x04\x12\x16\n\x0elease_until_ms\x18\x05 \x01(\x03\x12\x14\n\x0cvalid_for_ms\x18\x06 \x01(\x03\x12#\n\x06holder\x18\x07 \x01(\x0b\x32\x13.anarchon.v1.Holder\x12\x0f\n\x07\x62\x61\x63kend\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x0e\n\x06now_ms\x18\n \x01(\x03\"M\n\x0cRenewRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07slot_ms\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12\x10\n\x08lease_ms\x18\x04 \x01(\x03\"_\n\rRenewResponse\x12\x16\n\x0elease_until_ms\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x14\n\x0cvalid_for_ms\x18\x03 \x01(\x03\x12\x0f\n\x07\x66\x65ncing\x18\x04 \x01(\x04\"i\n\x0eReleaseRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07slot_ms\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12*\n\x06result\x18\x04 \x01(\x0e\x32\x1a.anarchon.v1.ReleaseResult\"\x11\n\x0fReleaseResponse\"\x9e\x01\n\tHoldEvent\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.anarchon.v1.HoldEventKind\x12)\n\x05\x63laim\x18\x02 \x01(\x0b\x32\x1a.anarchon.v1.ClaimResponse\x12\x16\n\x0elease_until_ms\x18\x03 \x01(\x03\x12\x14\n\x0cvalid_for_ms\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\\\n\x0eHistoryRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x1b\n\x0e\x62\x65\x66ore_slot_ms\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x11\n\x0f_before_slot_ms\"\xca\x01\n\x03Run\x12\x0f\n\x07slot_ms\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.anarchon.v1.RunState\x12#\n\x06holder\x18\x04 \x01(\x0b\x32\x13.anarchon.v1.Holder\x12\x15\n\rclaimed_at_ms\x18\x05 \x01(\x03\x12\x16\n\x0e\x66inished_at_ms\x18\x06 \x01(\x03\x12\x16\n\x0elease_until_ms\x18\x07 \x01(\x03\x12\x0f\n\x07\x66\x65ncing\x18\x08 \x01(\x04\"u\n\x0fHistoryResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.anarchon.v1.Run\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x11\n\tretention\x18\x03 \x01(\t\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x0c\n\x04note\x18\x05 \x01(\t*\x93\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0f\n\x0bOUTCOME_WON\x10\x01\x12\x10\n\x0cOUTCOME_LOST\x10\x02\x12\x13\n\x0fOUTCOME_RUNNING\x10\x03\x12\x10\n\x0cOUTCOME_DONE\x10\x04\x12\x10\n\x0cOUTCOME_LATE\x10\x05\x12\x13\n\x0fOUTCOME_OVERLAP\x10\x06*G\n\x07Overlap\x12\x17\n\x13OVERLAP_UNSPECIFIED\x10\x00\x12\x11\n\rOVERLAP_ALLOW\x10\x01\x12\x10\n\x0cOVERLAP_SKIP\x10\x02*\x9d\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_RUNNING\x10\x01\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x02\x12\x14\n\x10RUN_STATE_FAILED\x10\x03\x12\x19\n\x15RUN_STATE_INTERRUPTED\x10\x04\x12\x15\n\x11RUN_STATE_CLAIMED\x10\x05*h\n\rReleaseResult\x12\x1e\n\x1aRELEASE_RESULT_UNSPECIFIED\x10\x00\x12\x1c\n\x18RELEASE_RESULT_SUCCEEDED\x10\x01\x12\x19\n\x15RELEASE_RESULT_FAILED\x10\x02*\xa8\x01\n\rHoldEventKind\x12\x1f\n\x1bHOLD_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17HOLD_EVENT_KIND_CLAIMED\x10\x01\x12\x1b\n\x17HOLD_EVENT_KIND_RENEWED\x10\x02\x12\x1e\n\x1aHOLD_EVENT_KIND_LOST_LEASE\x10\x03\x12\x1c\n\x18HOLD_EVENT_KIND_RELEASED\x10\x04\x32\xd1\x02\n\x06\x43laims\x12>\n\x05\x43laim\x12\x19.anarchon.v1.ClaimRequest\x1a\x1a.anarchon.v1.ClaimResponse\x12>\n\x05Renew\x12\x19.anarchon.v1.RenewRequest\x1a\x1a.anarchon.v1.RenewResponse\x12\x44\n\x07Release\x12\x1b.anarchon.v1.ReleaseRequest\x1a\x1c.anarchon.v1.ReleaseResponse\x12;\n\x04Hold\x12\x19.anarchon.v1.ClaimRequest\x1a\x16.anarchon.v1.HoldEvent0\x01\x12\x44\n\x07History\x12\x1b.anarchon.v1.HistoryRequest\x1a\x1c.anarchon.v1.HistoryResponseBQ\n\x0eio.anarchon.v1P\x01Z=github.com/anarchon/anarchon/clients/go/anarchonv1;anarchonv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61narchon/v1/claims.proto\x12\x0b\x61narchon.v1\"(\n\x06Holder\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\"\xb0\x01\n\x0c\x43laimRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07slot_ms\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12\x10\n\x08lease_ms\x18\x04 \x01(\x03\x12\x13\n\x0bmax_late_ms\x18\x05 \x01(\x03\x12%\n\x07overlap\x18\x06 \x01(\x0e\x32\x14.anarchon.v1.Overlap\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\r\x12\x0f\n\x07wait_ms\x18\x08 \x01(\x03\"\xeb\x01\n\rClaimResponse\x12%\n\x07outcome\x18\x01 \x01(\x0e\x32\x14.anarchon.v1.Outcome\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0f\n\x07\x66\x65ncing\x18\x04 \x01(\x04\x12\x16\n\x0elease_until_ms\x18\x05 \x01(\x03\x12\x14\n\x0cvalid_for_ms\x18\x06 \x01(\x03\x12#\n\x06holder\x18\x07 \x01(\x0b\x32\x13.anarchon.v1.Holder\x12\x0f\n\x07\x62\x61\x63kend\x18\x08 \x01(\t\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x0e\n\x06now_ms\x18\n \x01(\x03\"M\n\x0cRenewRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07slot_ms\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12\x10\n\x08lease_ms\x18\x04 \x01(\x03\"_\n\rRenewResponse\x12\x16\n\x0elease_until_ms\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x14\n\x0cvalid_for_ms\x18\x03 \x01(\x03\x12\x0f\n\x07\x66\x65ncing\x18\x04 \x01(\x04\"i\n\x0eReleaseRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07slot_ms\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12*\n\x06result\x18\x04 \x01(\x0e\x32\x1a.anarchon.v1.ReleaseResult\"\x11\n\x0fReleaseResponse\"\xb9\x01\n\tHoldEvent\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.anarchon.v1.HoldEventKind\x12)\n\x05\x63laim\x18\x02 \x01(\x0b\x32\x1a.anarchon.v1.ClaimResponse\x12\x16\n\x0elease_until_ms\x18\x03 \x01(\x03\x12\x14\n\x0cvalid_for_ms\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x19\n\x11hold_valid_for_ms\x18\x06 \x01(\x03\"\\\n\x0eHistoryRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x1b\n\x0e\x62\x65\x66ore_slot_ms\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x11\n\x0f_before_slot_ms\"\xca\x01\n\x03Run\x12\x0f\n\x07slot_ms\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.anarchon.v1.RunState\x12#\n\x06holder\x18\x04 \x01(\x0b\x32\x13.anarchon.v1.Holder\x12\x15\n\rclaimed_at_ms\x18\x05 \x01(\x03\x12\x16\n\x0e\x66inished_at_ms\x18\x06 \x01(\x03\x12\x16\n\x0elease_until_ms\x18\x07 \x01(\x03\x12\x0f\n\x07\x66\x65ncing\x18\x08 \x01(\x04\"u\n\x0fHistoryResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.anarchon.v1.Run\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x11\n\tretention\x18\x03 \x01(\t\x12\x10\n\x08\x63omplete\x18\x04 \x01(\x08\x12\x0c\n\x04note\x18\x05 \x01(\t*\x93\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0f\n\x0bOUTCOME_WON\x10\x01\x12\x10\n\x0cOUTCOME_LOST\x10\x02\x12\x13\n\x0fOUTCOME_RUNNING\x10\x03\x12\x10\n\x0cOUTCOME_DONE\x10\x04\x12\x10\n\x0cOUTCOME_LATE\x10\x05\x12\x13\n\x0fOUTCOME_OVERLAP\x10\x06*G\n\x07Overlap\x12\x17\n\x13OVERLAP_UNSPECIFIED\x10\x00\x12\x11\n\rOVERLAP_ALLOW\x10\x01\x12\x10\n\x0cOVERLAP_SKIP\x10\x02*\x9d\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_STATE_RUNNING\x10\x01\x12\x17\n\x13RUN_STATE_SUCCEEDED\x10\x02\x12\x14\n\x10RUN_STATE_FAILED\x10\x03\x12\x19\n\x15RUN_STATE_INTERRUPTED\x10\x04\x12\x15\n\x11RUN_STATE_CLAIMED\x10\x05*h\n\rReleaseResult\x12\x1e\n\x1aRELEASE_RESULT_UNSPECIFIED\x10\x00\x12\x1c\n\x18RELEASE_RESULT_SUCCEEDED\x10\x01\x12\x19\n\x15RELEASE_RESULT_FAILED\x10\x02*\xa8\x01\n\rHoldEventKind\x12\x1f\n\x1bHOLD_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17HOLD_EVENT_KIND_CLAIMED\x10\x01\x12\x1b\n\x17HOLD_EVENT_KIND_RENEWED\x10\x02\x12\x1e\n\x1aHOLD_EVENT_KIND_LOST_LEASE\x10\x03\x12\x1c\n\x18HOLD_EVENT_KIND_RELEASED\x10\x04\x32\xd1\x02\n\x06\x43laims\x12>\n\x05\x43laim\x12\x19.anarchon.v1.ClaimRequest\x1a\x1a.anarchon.v1.ClaimResponse\x12>\n\x05Renew\x12\x19.anarchon.v1.RenewRequest\x1a\x1a.anarchon.v1.RenewResponse\x12\x44\n\x07Release\x12\x1b.anarchon.v1.ReleaseRequest\x1a\x1c.anarchon.v1.ReleaseResponse\x12;\n\x04Hold\x12\x19.anarchon.v1.ClaimRequest\x1a\x16.anarchon.v1.HoldEvent0\x01\x12\x44\n\x07History\x12\x1b.anarchon.v1.HistoryRequest\x1a\x1c.anarchon.v1.HistoryResponseBQ\n\x0eio.anarchon.v1P\x01Z=github.com/anarchon/anarchon/clients/go/anarchonv1;anarchonv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,16 +32,16 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'anarchon.v1.claims_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\016io.anarchon.v1P\001Z=github.com/anarchon/anarchon/clients/go/anarchonv1;anarchonv1'
-  _globals['_OUTCOME']._serialized_start=1382
-  _globals['_OUTCOME']._serialized_end=1529
-  _globals['_OVERLAP']._serialized_start=1531
-  _globals['_OVERLAP']._serialized_end=1602
-  _globals['_RUNSTATE']._serialized_start=1605
-  _globals['_RUNSTATE']._serialized_end=1762
-  _globals['_RELEASERESULT']._serialized_start=1764
-  _globals['_RELEASERESULT']._serialized_end=1868
-  _globals['_HOLDEVENTKIND']._serialized_start=1871
-  _globals['_HOLDEVENTKIND']._serialized_end=2039
+  _globals['_OUTCOME']._serialized_start=1409
+  _globals['_OUTCOME']._serialized_end=1556
+  _globals['_OVERLAP']._serialized_start=1558
+  _globals['_OVERLAP']._serialized_end=1629
+  _globals['_RUNSTATE']._serialized_start=1632
+  _globals['_RUNSTATE']._serialized_end=1789
+  _globals['_RELEASERESULT']._serialized_start=1791
+  _globals['_RELEASERESULT']._serialized_end=1895
+  _globals['_HOLDEVENTKIND']._serialized_start=1898
+  _globals['_HOLDEVENTKIND']._serialized_end=2066
   _globals['_HOLDER']._serialized_start=41
   _globals['_HOLDER']._serialized_end=81
   _globals['_CLAIMREQUEST']._serialized_start=84
@@ -57,13 +57,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASERESPONSE']._serialized_start=783
   _globals['_RELEASERESPONSE']._serialized_end=800
   _globals['_HOLDEVENT']._serialized_start=803
-  _globals['_HOLDEVENT']._serialized_end=961
-  _globals['_HISTORYREQUEST']._serialized_start=963
-  _globals['_HISTORYREQUEST']._serialized_end=1055
-  _globals['_RUN']._serialized_start=1058
-  _globals['_RUN']._serialized_end=1260
-  _globals['_HISTORYRESPONSE']._serialized_start=1262
-  _globals['_HISTORYRESPONSE']._serialized_end=1379
-  _globals['_CLAIMS']._serialized_start=2042
-  _globals['_CLAIMS']._serialized_end=2379
+  _globals['_HOLDEVENT']._serialized_end=988
+  _globals['_HISTORYREQUEST']._serialized_start=990
+  _globals['_HISTORYREQUEST']._serialized_end=1082
+  _globals['_RUN']._serialized_start=1085
+  _globals['_RUN']._serialized_end=1287
+  _globals['_HISTORYRESPONSE']._serialized_start=1289
+  _globals['_HISTORYRESPONSE']._serialized_end=1406
+  _globals['_CLAIMS']._serialized_start=2069
+  _globals['_CLAIMS']._serialized_end=2406
 # @@protoc_insertion_point(module_scope)

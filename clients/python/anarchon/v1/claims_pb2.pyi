@@ -163,18 +163,20 @@ class ReleaseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HoldEvent(_message.Message):
-    __slots__ = ("kind", "claim", "lease_until_ms", "valid_for_ms", "reason")
+    __slots__ = ("kind", "claim", "lease_until_ms", "valid_for_ms", "reason", "hold_valid_for_ms")
     KIND_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
     LEASE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     VALID_FOR_MS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    HOLD_VALID_FOR_MS_FIELD_NUMBER: _ClassVar[int]
     kind: HoldEventKind
     claim: ClaimResponse
     lease_until_ms: int
     valid_for_ms: int
     reason: str
-    def __init__(self, kind: _Optional[_Union[HoldEventKind, str]] = ..., claim: _Optional[_Union[ClaimResponse, _Mapping]] = ..., lease_until_ms: _Optional[int] = ..., valid_for_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    hold_valid_for_ms: int
+    def __init__(self, kind: _Optional[_Union[HoldEventKind, str]] = ..., claim: _Optional[_Union[ClaimResponse, _Mapping]] = ..., lease_until_ms: _Optional[int] = ..., valid_for_ms: _Optional[int] = ..., reason: _Optional[str] = ..., hold_valid_for_ms: _Optional[int] = ...) -> None: ...
 
 class HistoryRequest(_message.Message):
     __slots__ = ("job", "limit", "before_slot_ms")

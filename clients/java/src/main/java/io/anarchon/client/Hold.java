@@ -90,8 +90,12 @@ public final class Hold implements AutoCloseable {
       switch (ev.getKind()) {
         case HOLD_EVENT_KIND_RENEWED:
           synchronized (renewalLock) {
-            claim = claim.withLease(ev.getLeaseUntilMs(), ev.getValidForMs(),
-                System.nanoTime() + ev.getValidForMs() * 1_000_000L);
+            // hold_valid_for_ms counts from the send of the Hold request:
+            // safe even for an event that sat in a buffer while we were paused.
+            long deadline = ev.getHoldValidForMs() > 0
+                ? sentNanos + ev.getHoldValidForMs() * 1_000_000L
+                : System.nanoTime() + ev.getValidForMs() * 1_000_000L;
+            claim = claim.withLease(ev.getLeaseUntilMs(), ev.getValidForMs(), deadline);
             renewals++;
             renewalLock.notifyAll();
           }

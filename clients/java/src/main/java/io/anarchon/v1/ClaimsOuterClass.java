@@ -98,48 +98,49 @@ public final class ClaimsOuterClass {
       "leaseRequest\022\013\n\003job\030\001 \001(\t\022\017\n\007slot_ms\030\002 \001" +
       "(\003\022\r\n\005token\030\003 \001(\t\022*\n\006result\030\004 \001(\0162\032.anar" +
       "chon.v1.ReleaseResult\"\021\n\017ReleaseResponse" +
-      "\"\236\001\n\tHoldEvent\022(\n\004kind\030\001 \001(\0162\032.anarchon." +
+      "\"\271\001\n\tHoldEvent\022(\n\004kind\030\001 \001(\0162\032.anarchon." +
       "v1.HoldEventKind\022)\n\005claim\030\002 \001(\0132\032.anarch" +
       "on.v1.ClaimResponse\022\026\n\016lease_until_ms\030\003 " +
       "\001(\003\022\024\n\014valid_for_ms\030\004 \001(\003\022\016\n\006reason\030\005 \001(" +
-      "\t\"\\\n\016HistoryRequest\022\013\n\003job\030\001 \001(\t\022\r\n\005limi" +
-      "t\030\002 \001(\r\022\033\n\016before_slot_ms\030\003 \001(\003H\000\210\001\001B\021\n\017" +
-      "_before_slot_ms\"\312\001\n\003Run\022\017\n\007slot_ms\030\001 \001(\003" +
-      "\022\017\n\007attempt\030\002 \001(\r\022$\n\005state\030\003 \001(\0162\025.anarc" +
-      "hon.v1.RunState\022#\n\006holder\030\004 \001(\0132\023.anarch" +
-      "on.v1.Holder\022\025\n\rclaimed_at_ms\030\005 \001(\003\022\026\n\016f" +
-      "inished_at_ms\030\006 \001(\003\022\026\n\016lease_until_ms\030\007 " +
-      "\001(\003\022\017\n\007fencing\030\010 \001(\004\"u\n\017HistoryResponse\022" +
-      "\036\n\004runs\030\001 \003(\0132\020.anarchon.v1.Run\022\017\n\007backe" +
-      "nd\030\002 \001(\t\022\021\n\tretention\030\003 \001(\t\022\020\n\010complete\030" +
-      "\004 \001(\010\022\014\n\004note\030\005 \001(\t*\223\001\n\007Outcome\022\027\n\023OUTCO" +
-      "ME_UNSPECIFIED\020\000\022\017\n\013OUTCOME_WON\020\001\022\020\n\014OUT" +
-      "COME_LOST\020\002\022\023\n\017OUTCOME_RUNNING\020\003\022\020\n\014OUTC" +
-      "OME_DONE\020\004\022\020\n\014OUTCOME_LATE\020\005\022\023\n\017OUTCOME_" +
-      "OVERLAP\020\006*G\n\007Overlap\022\027\n\023OVERLAP_UNSPECIF" +
-      "IED\020\000\022\021\n\rOVERLAP_ALLOW\020\001\022\020\n\014OVERLAP_SKIP" +
-      "\020\002*\235\001\n\010RunState\022\031\n\025RUN_STATE_UNSPECIFIED" +
-      "\020\000\022\025\n\021RUN_STATE_RUNNING\020\001\022\027\n\023RUN_STATE_S" +
-      "UCCEEDED\020\002\022\024\n\020RUN_STATE_FAILED\020\003\022\031\n\025RUN_" +
-      "STATE_INTERRUPTED\020\004\022\025\n\021RUN_STATE_CLAIMED" +
-      "\020\005*h\n\rReleaseResult\022\036\n\032RELEASE_RESULT_UN" +
-      "SPECIFIED\020\000\022\034\n\030RELEASE_RESULT_SUCCEEDED\020" +
-      "\001\022\031\n\025RELEASE_RESULT_FAILED\020\002*\250\001\n\rHoldEve" +
-      "ntKind\022\037\n\033HOLD_EVENT_KIND_UNSPECIFIED\020\000\022" +
-      "\033\n\027HOLD_EVENT_KIND_CLAIMED\020\001\022\033\n\027HOLD_EVE" +
-      "NT_KIND_RENEWED\020\002\022\036\n\032HOLD_EVENT_KIND_LOS" +
-      "T_LEASE\020\003\022\034\n\030HOLD_EVENT_KIND_RELEASED\020\0042" +
-      "\321\002\n\006Claims\022>\n\005Claim\022\031.anarchon.v1.ClaimR" +
-      "equest\032\032.anarchon.v1.ClaimResponse\022>\n\005Re" +
-      "new\022\031.anarchon.v1.RenewRequest\032\032.anarcho" +
-      "n.v1.RenewResponse\022D\n\007Release\022\033.anarchon" +
-      ".v1.ReleaseRequest\032\034.anarchon.v1.Release" +
-      "Response\022;\n\004Hold\022\031.anarchon.v1.ClaimRequ" +
-      "est\032\026.anarchon.v1.HoldEvent0\001\022D\n\007History" +
-      "\022\033.anarchon.v1.HistoryRequest\032\034.anarchon" +
-      ".v1.HistoryResponseBQ\n\016io.anarchon.v1P\001Z" +
-      "=github.com/anarchon/anarchon/clients/go" +
-      "/anarchonv1;anarchonv1b\006proto3"
+      "\t\022\031\n\021hold_valid_for_ms\030\006 \001(\003\"\\\n\016HistoryR" +
+      "equest\022\013\n\003job\030\001 \001(\t\022\r\n\005limit\030\002 \001(\r\022\033\n\016be" +
+      "fore_slot_ms\030\003 \001(\003H\000\210\001\001B\021\n\017_before_slot_" +
+      "ms\"\312\001\n\003Run\022\017\n\007slot_ms\030\001 \001(\003\022\017\n\007attempt\030\002" +
+      " \001(\r\022$\n\005state\030\003 \001(\0162\025.anarchon.v1.RunSta" +
+      "te\022#\n\006holder\030\004 \001(\0132\023.anarchon.v1.Holder\022" +
+      "\025\n\rclaimed_at_ms\030\005 \001(\003\022\026\n\016finished_at_ms" +
+      "\030\006 \001(\003\022\026\n\016lease_until_ms\030\007 \001(\003\022\017\n\007fencin" +
+      "g\030\010 \001(\004\"u\n\017HistoryResponse\022\036\n\004runs\030\001 \003(\013" +
+      "2\020.anarchon.v1.Run\022\017\n\007backend\030\002 \001(\t\022\021\n\tr" +
+      "etention\030\003 \001(\t\022\020\n\010complete\030\004 \001(\010\022\014\n\004note" +
+      "\030\005 \001(\t*\223\001\n\007Outcome\022\027\n\023OUTCOME_UNSPECIFIE" +
+      "D\020\000\022\017\n\013OUTCOME_WON\020\001\022\020\n\014OUTCOME_LOST\020\002\022\023" +
+      "\n\017OUTCOME_RUNNING\020\003\022\020\n\014OUTCOME_DONE\020\004\022\020\n" +
+      "\014OUTCOME_LATE\020\005\022\023\n\017OUTCOME_OVERLAP\020\006*G\n\007" +
+      "Overlap\022\027\n\023OVERLAP_UNSPECIFIED\020\000\022\021\n\rOVER" +
+      "LAP_ALLOW\020\001\022\020\n\014OVERLAP_SKIP\020\002*\235\001\n\010RunSta" +
+      "te\022\031\n\025RUN_STATE_UNSPECIFIED\020\000\022\025\n\021RUN_STA" +
+      "TE_RUNNING\020\001\022\027\n\023RUN_STATE_SUCCEEDED\020\002\022\024\n" +
+      "\020RUN_STATE_FAILED\020\003\022\031\n\025RUN_STATE_INTERRU" +
+      "PTED\020\004\022\025\n\021RUN_STATE_CLAIMED\020\005*h\n\rRelease" +
+      "Result\022\036\n\032RELEASE_RESULT_UNSPECIFIED\020\000\022\034" +
+      "\n\030RELEASE_RESULT_SUCCEEDED\020\001\022\031\n\025RELEASE_" +
+      "RESULT_FAILED\020\002*\250\001\n\rHoldEventKind\022\037\n\033HOL" +
+      "D_EVENT_KIND_UNSPECIFIED\020\000\022\033\n\027HOLD_EVENT" +
+      "_KIND_CLAIMED\020\001\022\033\n\027HOLD_EVENT_KIND_RENEW" +
+      "ED\020\002\022\036\n\032HOLD_EVENT_KIND_LOST_LEASE\020\003\022\034\n\030" +
+      "HOLD_EVENT_KIND_RELEASED\020\0042\321\002\n\006Claims\022>\n" +
+      "\005Claim\022\031.anarchon.v1.ClaimRequest\032\032.anar" +
+      "chon.v1.ClaimResponse\022>\n\005Renew\022\031.anarcho" +
+      "n.v1.RenewRequest\032\032.anarchon.v1.RenewRes" +
+      "ponse\022D\n\007Release\022\033.anarchon.v1.ReleaseRe" +
+      "quest\032\034.anarchon.v1.ReleaseResponse\022;\n\004H" +
+      "old\022\031.anarchon.v1.ClaimRequest\032\026.anarcho" +
+      "n.v1.HoldEvent0\001\022D\n\007History\022\033.anarchon.v" +
+      "1.HistoryRequest\032\034.anarchon.v1.HistoryRe" +
+      "sponseBQ\n\016io.anarchon.v1P\001Z=github.com/a" +
+      "narchon/anarchon/clients/go/anarchonv1;a" +
+      "narchonv1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -192,7 +193,7 @@ public final class ClaimsOuterClass {
     internal_static_anarchon_v1_HoldEvent_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_HoldEvent_descriptor,
-        new java.lang.String[] { "Kind", "Claim", "LeaseUntilMs", "ValidForMs", "Reason", });
+        new java.lang.String[] { "Kind", "Claim", "LeaseUntilMs", "ValidForMs", "Reason", "HoldValidForMs", });
     internal_static_anarchon_v1_HistoryRequest_descriptor =
       getDescriptor().getMessageTypes().get(8);
     internal_static_anarchon_v1_HistoryRequest_fieldAccessorTable = new

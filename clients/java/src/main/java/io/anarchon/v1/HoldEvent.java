@@ -132,7 +132,10 @@ private static final long serialVersionUID = 0L;
   private volatile java.lang.Object reason_ = "";
   /**
    * <pre>
-   * Set on LOST_LEASE: "fenced", "unavailable", ...
+   * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+   * (the sidecar could not confirm its own liveness in the store in time,
+   * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+   * "expired" (no renewal succeeded before the hold's deadline).
    * </pre>
    *
    * <code>string reason = 5;</code>
@@ -153,7 +156,10 @@ private static final long serialVersionUID = 0L;
   }
   /**
    * <pre>
-   * Set on LOST_LEASE: "fenced", "unavailable", ...
+   * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+   * (the sidecar could not confirm its own liveness in the store in time,
+   * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+   * "expired" (no renewal succeeded before the hold's deadline).
    * </pre>
    *
    * <code>string reason = 5;</code>
@@ -172,6 +178,24 @@ private static final long serialVersionUID = 0L;
     } else {
       return (com.google.protobuf.ByteString) ref;
     }
+  }
+
+  public static final int HOLD_VALID_FOR_MS_FIELD_NUMBER = 6;
+  private long holdValidForMs_ = 0L;
+  /**
+   * <pre>
+   * Set on CLAIMED (when won) and RENEWED: how long the hold stays valid,
+   * in milliseconds counted from when the client *sent* the Hold request.
+   * Add it to that local time for a safe deadline: unlike valid_for_ms, it
+   * stays safe for an event that sat in a buffer (a paused client).
+   * </pre>
+   *
+   * <code>int64 hold_valid_for_ms = 6;</code>
+   * @return The holdValidForMs.
+   */
+  @java.lang.Override
+  public long getHoldValidForMs() {
+    return holdValidForMs_;
   }
 
   private byte memoizedIsInitialized = -1;
@@ -203,6 +227,9 @@ private static final long serialVersionUID = 0L;
     if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(reason_)) {
       com.google.protobuf.GeneratedMessageV3.writeString(output, 5, reason_);
     }
+    if (holdValidForMs_ != 0L) {
+      output.writeInt64(6, holdValidForMs_);
+    }
     getUnknownFields().writeTo(output);
   }
 
@@ -231,6 +258,10 @@ private static final long serialVersionUID = 0L;
     if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(reason_)) {
       size += com.google.protobuf.GeneratedMessageV3.computeStringSize(5, reason_);
     }
+    if (holdValidForMs_ != 0L) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeInt64Size(6, holdValidForMs_);
+    }
     size += getUnknownFields().getSerializedSize();
     memoizedSize = size;
     return size;
@@ -258,6 +289,8 @@ private static final long serialVersionUID = 0L;
         != other.getValidForMs()) return false;
     if (!getReason()
         .equals(other.getReason())) return false;
+    if (getHoldValidForMs()
+        != other.getHoldValidForMs()) return false;
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -283,6 +316,9 @@ private static final long serialVersionUID = 0L;
         getValidForMs());
     hash = (37 * hash) + REASON_FIELD_NUMBER;
     hash = (53 * hash) + getReason().hashCode();
+    hash = (37 * hash) + HOLD_VALID_FOR_MS_FIELD_NUMBER;
+    hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
+        getHoldValidForMs());
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
     return hash;
@@ -421,6 +457,7 @@ private static final long serialVersionUID = 0L;
       leaseUntilMs_ = 0L;
       validForMs_ = 0L;
       reason_ = "";
+      holdValidForMs_ = 0L;
       return this;
     }
 
@@ -470,6 +507,9 @@ private static final long serialVersionUID = 0L;
       }
       if (((from_bitField0_ & 0x00000010) != 0)) {
         result.reason_ = reason_;
+      }
+      if (((from_bitField0_ & 0x00000020) != 0)) {
+        result.holdValidForMs_ = holdValidForMs_;
       }
     }
 
@@ -534,6 +574,9 @@ private static final long serialVersionUID = 0L;
         bitField0_ |= 0x00000010;
         onChanged();
       }
+      if (other.getHoldValidForMs() != 0L) {
+        setHoldValidForMs(other.getHoldValidForMs());
+      }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
       return this;
@@ -587,6 +630,11 @@ private static final long serialVersionUID = 0L;
               bitField0_ |= 0x00000010;
               break;
             } // case 42
+            case 48: {
+              holdValidForMs_ = input.readInt64();
+              bitField0_ |= 0x00000020;
+              break;
+            } // case 48
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -891,7 +939,10 @@ private static final long serialVersionUID = 0L;
     private java.lang.Object reason_ = "";
     /**
      * <pre>
-     * Set on LOST_LEASE: "fenced", "unavailable", ...
+     * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+     * (the sidecar could not confirm its own liveness in the store in time,
+     * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+     * "expired" (no renewal succeeded before the hold's deadline).
      * </pre>
      *
      * <code>string reason = 5;</code>
@@ -911,7 +962,10 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Set on LOST_LEASE: "fenced", "unavailable", ...
+     * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+     * (the sidecar could not confirm its own liveness in the store in time,
+     * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+     * "expired" (no renewal succeeded before the hold's deadline).
      * </pre>
      *
      * <code>string reason = 5;</code>
@@ -932,7 +986,10 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Set on LOST_LEASE: "fenced", "unavailable", ...
+     * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+     * (the sidecar could not confirm its own liveness in the store in time,
+     * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+     * "expired" (no renewal succeeded before the hold's deadline).
      * </pre>
      *
      * <code>string reason = 5;</code>
@@ -949,7 +1006,10 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Set on LOST_LEASE: "fenced", "unavailable", ...
+     * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+     * (the sidecar could not confirm its own liveness in the store in time,
+     * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+     * "expired" (no renewal succeeded before the hold's deadline).
      * </pre>
      *
      * <code>string reason = 5;</code>
@@ -963,7 +1023,10 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Set on LOST_LEASE: "fenced", "unavailable", ...
+     * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+     * (the sidecar could not confirm its own liveness in the store in time,
+     * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+     * "expired" (no renewal succeeded before the hold's deadline).
      * </pre>
      *
      * <code>string reason = 5;</code>
@@ -976,6 +1039,59 @@ private static final long serialVersionUID = 0L;
       checkByteStringIsUtf8(value);
       reason_ = value;
       bitField0_ |= 0x00000010;
+      onChanged();
+      return this;
+    }
+
+    private long holdValidForMs_ ;
+    /**
+     * <pre>
+     * Set on CLAIMED (when won) and RENEWED: how long the hold stays valid,
+     * in milliseconds counted from when the client *sent* the Hold request.
+     * Add it to that local time for a safe deadline: unlike valid_for_ms, it
+     * stays safe for an event that sat in a buffer (a paused client).
+     * </pre>
+     *
+     * <code>int64 hold_valid_for_ms = 6;</code>
+     * @return The holdValidForMs.
+     */
+    @java.lang.Override
+    public long getHoldValidForMs() {
+      return holdValidForMs_;
+    }
+    /**
+     * <pre>
+     * Set on CLAIMED (when won) and RENEWED: how long the hold stays valid,
+     * in milliseconds counted from when the client *sent* the Hold request.
+     * Add it to that local time for a safe deadline: unlike valid_for_ms, it
+     * stays safe for an event that sat in a buffer (a paused client).
+     * </pre>
+     *
+     * <code>int64 hold_valid_for_ms = 6;</code>
+     * @param value The holdValidForMs to set.
+     * @return This builder for chaining.
+     */
+    public Builder setHoldValidForMs(long value) {
+      
+      holdValidForMs_ = value;
+      bitField0_ |= 0x00000020;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Set on CLAIMED (when won) and RENEWED: how long the hold stays valid,
+     * in milliseconds counted from when the client *sent* the Hold request.
+     * Add it to that local time for a safe deadline: unlike valid_for_ms, it
+     * stays safe for an event that sat in a buffer (a paused client).
+     * </pre>
+     *
+     * <code>int64 hold_valid_for_ms = 6;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearHoldValidForMs() {
+      bitField0_ = (bitField0_ & ~0x00000020);
+      holdValidForMs_ = 0L;
       onChanged();
       return this;
     }

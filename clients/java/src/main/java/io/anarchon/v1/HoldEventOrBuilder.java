@@ -63,7 +63,10 @@ public interface HoldEventOrBuilder extends
 
   /**
    * <pre>
-   * Set on LOST_LEASE: "fenced", "unavailable", ...
+   * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+   * (the sidecar could not confirm its own liveness in the store in time,
+   * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+   * "expired" (no renewal succeeded before the hold's deadline).
    * </pre>
    *
    * <code>string reason = 5;</code>
@@ -72,7 +75,10 @@ public interface HoldEventOrBuilder extends
   java.lang.String getReason();
   /**
    * <pre>
-   * Set on LOST_LEASE: "fenced", "unavailable", ...
+   * Set on LOST_LEASE: "fenced", "unavailable", "liveness_unconfirmed"
+   * (the sidecar could not confirm its own liveness in the store in time,
+   * so another sidecar may take the run over), "sidecar_leaving" (SIGTERM),
+   * "expired" (no renewal succeeded before the hold's deadline).
    * </pre>
    *
    * <code>string reason = 5;</code>
@@ -80,4 +86,17 @@ public interface HoldEventOrBuilder extends
    */
   com.google.protobuf.ByteString
       getReasonBytes();
+
+  /**
+   * <pre>
+   * Set on CLAIMED (when won) and RENEWED: how long the hold stays valid,
+   * in milliseconds counted from when the client *sent* the Hold request.
+   * Add it to that local time for a safe deadline: unlike valid_for_ms, it
+   * stays safe for an event that sat in a buffer (a paused client).
+   * </pre>
+   *
+   * <code>int64 hold_valid_for_ms = 6;</code>
+   * @return The holdValidForMs.
+   */
+  long getHoldValidForMs();
 }
