@@ -17,6 +17,7 @@
 # one way, mesh + store), SIGSTOP, SIGKILL + restart, store restarts and
 # store cuts — checked for overlapping holders on the clients' clocks. One
 # `LAB_JSON {…}` line per store (target/soak/lab-<UTC time>.jsonl).
+# SOAK_PROFILE=--profile=dev runs a debug build instead of --release.
 #
 # M minutes per store (so three stores take about 3 × M minutes). The whole
 # output goes to target/soak/soak-<UTC time>.log, the JSON lines to
@@ -55,7 +56,7 @@ if [ -n "$faults" ]; then
   command -v nft >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables; }
   log="$out/lab-$stamp.log"
   LAB_SOAK_MINUTES="$minutes" LAB_SOAK_STORES="$stores" LAB_SOAK_FAULTS="$faults" \
-    cargo test --release --locked --test faults -- --ignored --exact lab_soak --nocapture 2>&1 \
+    cargo test ${SOAK_PROFILE:---release} --locked --test faults -- --ignored --exact lab_soak --nocapture 2>&1 \
     | tee "$log" || status=$?
   grep '^LAB_JSON ' "$log" | sed 's/^LAB_JSON //' > "$out/lab-$stamp.jsonl" || true
   echo "soak.sh: load average $(cut -d' ' -f1-3 /proc/loadavg); JSON lines in $out/lab-$stamp.jsonl"

@@ -123,8 +123,11 @@ async fn short_run(name: &str) {
         soak::TAKEOVER_LO_MS,
         soak::TAKEOVER_HI_MS
     );
-    // The killed holder comes back and is told its lock is gone.
-    assert!(r.fenced_refusals >= 1, "{t}");
+    // The killed holder stops: its local deadline (now at most one expiry
+    // ahead, docs/safety.md) passes while its sidecar is down, or it comes
+    // back and is told its lock is gone. (Restart fencing itself is
+    // asserted in tests/liveness.rs.)
+    assert!(r.fenced_refusals + r.gave_up >= 1, "{t}");
     assert_eq!(r.fenced_unexplained, 0, "{t}");
     assert!(r.slots_won >= 30, "{t}");
     if r.store != "sqlite" {
