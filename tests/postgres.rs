@@ -263,9 +263,9 @@ async fn prune_in_batches_keeps_future_slots() {
         s.release(&rel, &DeadHolders::none()).await.unwrap();
     }
     let cutoff = now + 60_000;
-    assert_eq!(s.prune(cutoff, 2).await.unwrap(), 2);
-    assert_eq!(s.prune(cutoff, 2).await.unwrap(), 1);
-    assert_eq!(s.prune(cutoff, 2).await.unwrap(), 0);
+    assert_eq!(s.leases().unwrap().prune(cutoff, 2).await.unwrap(), 2);
+    assert_eq!(s.leases().unwrap().prune(cutoff, 2).await.unwrap(), 1);
+    assert_eq!(s.leases().unwrap().prune(cutoff, 2).await.unwrap(), 0);
     let left: Vec<i64> = s
         .history(&j, 10, None)
         .await

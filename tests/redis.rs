@@ -819,7 +819,14 @@ async fn lease_keys_carry_the_job_hash_tag_and_history_is_capped() {
         .await
         .unwrap();
     assert_eq!(members, 300, "the holder index lists every run it holds");
-    assert_eq!(s.end_leases_of(&holder("a", 1)).await.unwrap(), 300);
+    assert_eq!(
+        s.leases()
+            .unwrap()
+            .end_leases_of(&holder("a", 1))
+            .await
+            .unwrap(),
+        300
+    );
 }
 
 // ------------------------------------- the Lua table agrees with decide()

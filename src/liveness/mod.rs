@@ -112,7 +112,7 @@ impl Guard {
         cfg: GuardConfig,
         wake: watch::Sender<u64>,
     ) -> Arc<Guard> {
-        let records = store.info().leases && store.keeps_liveness();
+        let records = store.leases().is_some_and(|l| l.keeps_liveness());
         let max_staleness = (cfg.heartbeat * 2).max(Duration::from_millis(100));
         Arc::new(Guard {
             store,
@@ -167,7 +167,10 @@ impl Guard {
     pub async fn refresh(&self) -> crate::Result<u64> {
         let sent = Instant::now();
         let timeout = self.cfg.refresh_every();
-        let counter = tokio::time::timeout(timeout, self.store.beat(&self.holder))
+        let Some(leases) = self.store.leases() else {
+            return Err(crate::Error::NoLeases(self.store.info().backend));
+        };
+        let counter = tokio::time::timeout(timeout, leases.beat(&self.holder))
             .await
             .map_err(|_| {
                 crate::Error::Unavailable(format!("liveness refresh took longer than {timeout:?}"))
@@ -188,7 +191,10 @@ impl Guard {
             return Ok(0);
         }
         let timeout = self.cfg.observe_every().max(Duration::from_millis(200));
-        let counters = tokio::time::timeout(timeout, self.store.beats_of(&suspects))
+        let Some(leases) = self.store.leases() else {
+            return Ok(0);
+        };
+        let counters = tokio::time::timeout(timeout, leases.beats_of(&suspects))
             .await
             .map_err(|_| crate::Error::Unavailable("liveness read timed out".into()))??;
         let at = Instant::now();
@@ -199,10 +205,11 @@ impl Guard {
             }
             let mut ripe = lock(&self.ripe);
             ripe.retain(|h| o.ripe(h, at).is_some());
-            suspects
-                .iter()
-                .filter(|h| o.ripe(h, at).is_some())
-                .fold(false, |any, h| ripe.insert(h.clone()) || any)
+            let mut newly = false;
+            for h in suspects.iter().filter(|h| o.ripe(h, at).is_some()) {
+                newly |= ripe.insert(h.clone());
+            }
+            newly
         };
         if newly_ripe {
             self.wake.send_modify(|n| *n = n.wrapping_add(1));

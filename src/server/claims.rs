@@ -186,11 +186,11 @@ impl ClaimsState {
         match bound.cap_ms(now, a.valid_for_ms()) {
             Some(cap) => Ok(cap),
             None => {
-                if let Err(e) = self
-                    .store
-                    .end_lease(&spec.job, spec.slot_ms, &spec.token)
-                    .await
-                {
+                let ended = match self.store.leases() {
+                    Some(l) => l.end_lease(&spec.job, spec.slot_ms, &spec.token).await,
+                    None => Ok(false),
+                };
+                if let Err(e) = ended {
                     tracing::warn!(error = %e, "could not hand back a win the self-fence no longer covers");
                 }
                 self.notify(&spec.job, spec.slot_ms);
@@ -327,12 +327,12 @@ impl pb::claims_server::Claims for ClaimsService {
         async move {
             let res = async {
                 let spec = validate::renew(&req, &s.defaults)?;
-                if !s.store.info().leases {
+                let Some(leases) = s.store.leases() else {
                     return Err(Error::NoLeases(s.store.info().backend));
-                }
+                };
                 let bound = s.promise()?;
                 let dead = s.guard.dead_holders();
-                let r = with_deadline(deadline, s.store.renew(&spec, &dead)).await?;
+                let r = with_deadline(deadline, leases.renew(&spec, &dead)).await?;
                 let valid_for = bound
                     .cap_ms(Instant::now(), (r.lease_until_ms - r.now_ms).max(0))
                     .ok_or_else(|| {
@@ -461,7 +461,7 @@ impl pb::claims_server::Claims for ClaimsService {
         // The channel is fresh and has room: this cannot block.
         let _ = tx.try_send(Ok(first));
         let (sent_all, delivered) = tokio::sync::oneshot::channel::<()>();
-        if answer.outcome == Outcome::Won && s.store.info().leases {
+        if answer.outcome == Outcome::Won && s.store.leases().is_some() {
             let hold = HeldRun {
                 spec: v.spec,
                 received,
@@ -630,7 +630,10 @@ async fn keep_renewing(
             }
         };
         let dead = s.guard.dead_holders();
-        match s.store.renew(&renew, &dead).await {
+        let Some(leases) = s.store.leases() else {
+            break;
+        };
+        match leases.renew(&renew, &dead).await {
             Ok(r) => {
                 s.metrics.renewals.inc();
                 let lease_ms = (r.lease_until_ms - r.now_ms).max(0);
@@ -683,11 +686,11 @@ async fn keep_renewing(
     if client_gone {
         // The worker died without releasing: end the lease now so the next
         // claimer takes the run over. A no-op if it was released.
-        match s
-            .store
-            .end_lease(&spec.job, spec.slot_ms, &spec.token)
-            .await
-        {
+        let ended = match s.store.leases() {
+            Some(l) => l.end_lease(&spec.job, spec.slot_ms, &spec.token).await,
+            None => Ok(false),
+        };
+        match ended {
             Ok(true) => {
                 tracing::info!("hold stream broke without release; lease ended");
                 s.notify(&spec.job, spec.slot_ms);

@@ -206,7 +206,11 @@ pub async fn run(
             }
             // Then tell the peers, so they stop counting on us at once.
             mesh.leave().await;
-            match store.end_leases_of(&holder).await {
+            let ended = match store.leases() {
+                Some(l) => l.end_leases_of(&holder).await,
+                None => Ok(0),
+            };
+            match ended {
                 Ok(n) if n > 0 => tracing::info!(runs = n, "ended the leases this runtime held"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "could not end held leases on leave"),

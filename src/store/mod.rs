@@ -60,16 +60,16 @@ impl Default for StoreOptions {
     }
 }
 
+/// What every backend does: the claim, the release, history, reachability.
+/// Backends with leases add [`Leases`].
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     fn info(&self) -> &StoreInfo;
 
     /// The claim decision, in one atomic step. `dead` lists holders whose
-    /// runs no longer exclude anyone.
+    /// runs no longer exclude anyone (some of them on the condition that
+    /// their liveness counter still has a given value: see `Leases`).
     async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Result<ClaimAnswer>;
-
-    /// Extends the lease if `spec.token` still holds the run.
-    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed>;
 
     /// Marks the run finished if `spec.token` holds it. Idempotent.
     async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()>;
@@ -82,6 +82,24 @@ pub trait Store: Send + Sync + 'static {
         before_slot_ms: Option<i64>,
     ) -> Result<HistoryPage>;
 
+    /// Is the store reachable?
+    async fn ping(&self) -> Result<()>;
+
+    /// The lease capability, for backends that keep runs with leases and
+    /// hand them over (`info().leases`). Once backends have none.
+    fn leases(&self) -> Option<&dyn Leases> {
+        None
+    }
+}
+
+/// The lease capability: renewals, ending leases, pruning, and the
+/// per-instance liveness record that lets a claim take an expired holder's
+/// run over safely (`docs/safety.md`).
+#[async_trait]
+pub trait Leases: Send + Sync {
+    /// Extends the lease if `spec.token` still holds the run.
+    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed>;
+
     /// Ends the lease of the run held with `token` at once (a `Hold` stream
     /// broke), so the next claimer takes it over. Returns whether a lease ended.
     async fn end_lease(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Result<bool>;
@@ -89,30 +107,22 @@ pub trait Store: Send + Sync + 'static {
     /// Ends the leases of every run `holder` holds (graceful leave).
     async fn end_leases_of(&self, holder: &Holder) -> Result<u64>;
 
-    /// Deletes up to `batch` runs finished (or lapsed) before `cutoff_ms`.
+    /// Deletes up to `batch` runs finished (or lapsed) before `cutoff_ms`,
+    /// and liveness records not refreshed since.
     async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64>;
 
-    /// Is the store reachable?
-    async fn ping(&self) -> Result<()>;
-
     /// Whether this store keeps a liveness record per sidecar instance that
-    /// its claim step can re-check (`docs/safety.md`). Without one, an
-    /// expired holder's runs are taken over only when their lease runs out.
-    fn keeps_liveness(&self) -> bool {
-        false
-    }
+    /// its claim step re-checks. Without one (Redis Cluster), an expired
+    /// holder's runs are taken over only when their lease runs out.
+    fn keeps_liveness(&self) -> bool;
 
     /// Raises `holder`'s liveness counter (creating the record at 1) and
     /// returns the new value.
-    async fn beat(&self, _holder: &Holder) -> Result<u64> {
-        Err(Error::NoLeases(self.info().backend))
-    }
+    async fn beat(&self, holder: &Holder) -> Result<u64>;
 
     /// The liveness counters of `holders`, in order; 0 for a holder without
     /// a record.
-    async fn beats_of(&self, holders: &[Holder]) -> Result<Vec<u64>> {
-        Ok(vec![0; holders.len()])
-    }
+    async fn beats_of(&self, holders: &[Holder]) -> Result<Vec<u64>>;
 }
 
 pub type DynStore = Arc<dyn Store>;
@@ -203,12 +213,16 @@ pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
     }
 }
 
-/// Runs `prune` in small batches until nothing is left, then sleeps `every`.
+/// Runs `prune` in small batches until nothing is left, then sleeps `every`
+/// (lease backends; once backends forget by themselves).
 pub async fn prune_loop(store: DynStore, retention: Duration, every: Duration) {
+    let Some(leases) = store.leases() else {
+        return;
+    };
     loop {
         let cutoff = host_now_ms() - retention.as_millis() as i64;
         loop {
-            match store.prune(cutoff, 500).await {
+            match leases.prune(cutoff, 500).await {
                 Ok(n) if n >= 500 => tokio::task::yield_now().await,
                 Ok(n) => {
                     if n > 0 {

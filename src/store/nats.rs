@@ -520,10 +520,6 @@ impl Store for NatsStore {
         }
     }
 
-    async fn renew(&self, _spec: &RenewSpec, _dead: &DeadHolders) -> Result<Renewed> {
-        Err(Error::NoLeases(BACKEND))
-    }
-
     async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()> {
         let claim = self
             .find_claim(&spec.job, spec.slot_ms)
@@ -639,19 +635,6 @@ impl Store for NatsStore {
             complete: false,
             note: Some(note),
         })
-    }
-
-    async fn end_lease(&self, _job: &Job, _slot_ms: SlotMs, _token: &Token) -> Result<bool> {
-        Ok(false)
-    }
-
-    async fn end_leases_of(&self, _holder: &Holder) -> Result<u64> {
-        Ok(0)
-    }
-
-    /// Claims and results age out of the stream (`max_age`).
-    async fn prune(&self, _cutoff_ms: i64, _batch: u32) -> Result<u64> {
-        Ok(0)
     }
 
     async fn ping(&self) -> Result<()> {

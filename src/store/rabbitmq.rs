@@ -454,10 +454,6 @@ impl Store for RabbitStore {
         Ok(answer)
     }
 
-    async fn renew(&self, _spec: &RenewSpec, _dead: &DeadHolders) -> Result<Renewed> {
-        Err(Error::NoLeases(BACKEND))
-    }
-
     /// A gate records only that a slot was claimed: there is nothing to
     /// mark finished, and no token to compare. Always succeeds.
     async fn release(&self, _spec: &ReleaseSpec, _dead: &DeadHolders) -> Result<()> {
@@ -479,19 +475,6 @@ impl Store for RabbitStore {
                 self.slot_ttl_ms
             )),
         })
-    }
-
-    async fn end_lease(&self, _job: &Job, _slot_ms: SlotMs, _token: &Token) -> Result<bool> {
-        Ok(false)
-    }
-
-    async fn end_leases_of(&self, _holder: &Holder) -> Result<u64> {
-        Ok(0)
-    }
-
-    /// Gates expire in the broker (`x-expires`).
-    async fn prune(&self, _cutoff_ms: i64, _batch: u32) -> Result<u64> {
-        Ok(0)
     }
 
     async fn ping(&self) -> Result<()> {

@@ -26,7 +26,7 @@ use sqlx::{Sqlite, Transaction};
 use tokio::sync::{Mutex, MutexGuard};
 
 use super::sql::{self, run_from_row, RunAccess, RUN_COLUMNS};
-use super::{Store, StoreInfo, StoreOptions};
+use super::{Leases, Store, StoreInfo, StoreOptions};
 use crate::claim::*;
 use crate::error::{Error, Result};
 
@@ -259,33 +259,6 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
-        // Refuse without the write lock when the snapshot already says so.
-        let snap = self.snapshot(&spec.job, spec.slot_ms).await?;
-        decide_renew(snap.as_ref(), &spec.token, dead)?;
-        let (_guard, mut tx) = self.begin().await?;
-        let conn = &mut *tx;
-        let now = host_now_ms();
-        let run = read_run(conn, &spec.job, spec.slot_ms).await?;
-        let r = decide_renew(run.as_ref(), &spec.token, dead)?;
-        let lease_until = now.saturating_add(spec.lease_ms);
-        sqlx::query("UPDATE runs SET lease_until_ms = ? WHERE job = ? AND slot_ms = ?")
-            .bind(lease_until)
-            .bind(spec.job.as_str())
-            .bind(spec.slot_ms)
-            .execute(&mut *conn)
-            .await
-            .map_err(convert)?;
-        let out = Renewed {
-            lease_until_ms: lease_until,
-            attempt: r.attempt,
-            fencing: r.fencing,
-            now_ms: now,
-        };
-        tx.commit().await.map_err(convert)?;
-        Ok(out)
-    }
-
     async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()> {
         let snap = self.snapshot(&spec.job, spec.slot_ms).await?;
         if decide_release(snap.as_ref(), &spec.token, dead)? == ReleaseDecision::AlreadyReleased {
@@ -332,6 +305,48 @@ impl Store for SqliteStore {
             complete: true,
             note: None,
         })
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(convert)?;
+        Ok(())
+    }
+
+    fn leases(&self) -> Option<&dyn Leases> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Leases for SqliteStore {
+    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
+        // Refuse without the write lock when the snapshot already says so.
+        let snap = self.snapshot(&spec.job, spec.slot_ms).await?;
+        decide_renew(snap.as_ref(), &spec.token, dead)?;
+        let (_guard, mut tx) = self.begin().await?;
+        let conn = &mut *tx;
+        let now = host_now_ms();
+        let run = read_run(conn, &spec.job, spec.slot_ms).await?;
+        let r = decide_renew(run.as_ref(), &spec.token, dead)?;
+        let lease_until = now.saturating_add(spec.lease_ms);
+        sqlx::query("UPDATE runs SET lease_until_ms = ? WHERE job = ? AND slot_ms = ?")
+            .bind(lease_until)
+            .bind(spec.job.as_str())
+            .bind(spec.slot_ms)
+            .execute(&mut *conn)
+            .await
+            .map_err(convert)?;
+        let out = Renewed {
+            lease_until_ms: lease_until,
+            attempt: r.attempt,
+            fencing: r.fencing,
+            now_ms: now,
+        };
+        tx.commit().await.map_err(convert)?;
+        Ok(out)
     }
 
     async fn end_lease(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Result<bool> {
@@ -431,13 +446,5 @@ impl Store for SqliteStore {
     async fn beats_of(&self, holders: &[Holder]) -> Result<Vec<u64>> {
         let mut conn = self.pool.acquire().await.map_err(convert)?;
         read_liveness(&mut conn, holders).await
-    }
-
-    async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map_err(convert)?;
-        Ok(())
     }
 }

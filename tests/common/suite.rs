@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anarchon::claim::*;
 use anarchon::error::{Error, FenceReason};
-use anarchon::store::Store;
+use anarchon::store::{Leases, Store};
 
 use super::{holder, job, spec};
 
@@ -121,7 +121,7 @@ pub async fn takeover_after_lapsed_lease(s: &dyn Store) {
         lease_ms: 1000,
     };
     assert!(matches!(
-        s.renew(&renew, &none()).await,
+        leases(s).renew(&renew, &none()).await,
         Err(Error::Fenced(FenceReason::TakenOver))
     ));
 }
@@ -157,7 +157,7 @@ pub async fn takeover_of_dead_holder(s: &dyn Store) {
         lease_ms: 1000,
     };
     assert!(matches!(
-        s.renew(&renew, &none()).await,
+        leases(s).renew(&renew, &none()).await,
         Err(Error::Fenced(_))
     ));
 }
@@ -260,13 +260,9 @@ pub async fn renew_extends(s: &dyn Store) {
         lease_ms: 20_000,
     };
     if !s.info().leases {
-        assert!(matches!(
-            s.renew(&r, &none()).await,
-            Err(Error::NoLeases(_))
-        ));
-        return;
+        return no_leases(s).await;
     }
-    let renewed = s.renew(&r, &none()).await.unwrap();
+    let renewed = leases(s).renew(&r, &none()).await.unwrap();
     assert_eq!(renewed.attempt, won.attempt);
     assert!(
         renewed.lease_until_ms >= won.lease_until_ms + 18_000,
@@ -278,7 +274,7 @@ pub async fn renew_extends(s: &dyn Store) {
         ..r
     };
     assert!(matches!(
-        s.renew(&missing, &none()).await,
+        leases(s).renew(&missing, &none()).await,
         Err(Error::NotFound(_))
     ));
 }
@@ -296,17 +292,7 @@ pub async fn stale_token_is_fenced(s: &dyn Store) {
         result: ReleaseResult::Succeeded,
     };
     if !s.info().leases {
-        let r = RenewSpec {
-            job: j.clone(),
-            slot_ms: slot,
-            token: a.token.clone(),
-            lease_ms: 1000,
-        };
-        assert!(matches!(
-            s.renew(&r, &none()).await,
-            Err(Error::NoLeases(_))
-        ));
-        return;
+        return no_leases(s).await;
     }
     assert!(matches!(
         s.release(&rel, &none()).await,
@@ -318,7 +304,10 @@ pub async fn stale_token_is_fenced(s: &dyn Store) {
         token: stranger,
         lease_ms: 1000,
     };
-    assert!(matches!(s.renew(&r, &none()).await, Err(Error::Fenced(_))));
+    assert!(matches!(
+        leases(s).renew(&r, &none()).await,
+        Err(Error::Fenced(_))
+    ));
     // The holder restarted: its own token is fenced through the new instance.
     let mut restarted = none();
     restarted.set_current("a", 2);
@@ -327,7 +316,7 @@ pub async fn stale_token_is_fenced(s: &dyn Store) {
         ..r
     };
     assert!(matches!(
-        s.renew(&own, &restarted).await,
+        leases(s).renew(&own, &restarted).await,
         Err(Error::Fenced(FenceReason::HolderDead))
     ));
     let own_rel = ReleaseSpec {
@@ -367,7 +356,10 @@ pub async fn release_is_idempotent(s: &dyn Store) {
             token: a.token.clone(),
             lease_ms: 1000,
         };
-        assert!(matches!(s.renew(&r, &none()).await, Err(Error::Fenced(_))));
+        assert!(matches!(
+            leases(s).renew(&r, &none()).await,
+            Err(Error::Fenced(_))
+        ));
         let h = s.history(&j, 5, None).await.unwrap();
         assert_eq!(h.runs[0].state, RunState::Succeeded);
         assert!(h.runs[0].finished_at_ms > 0);
@@ -441,10 +433,13 @@ pub async fn end_lease_hands_over(s: &dyn Store) {
     let a = spec(&j, slot, &holder("a", 1));
     assert_eq!(s.claim(&a, &none()).await.unwrap().outcome, Outcome::Won);
     assert!(
-        !s.end_lease(&j, slot, &Token::generate()).await.unwrap(),
+        !leases(s)
+            .end_lease(&j, slot, &Token::generate())
+            .await
+            .unwrap(),
         "a stranger ends nothing"
     );
-    assert!(s.end_lease(&j, slot, &a.token).await.unwrap());
+    assert!(leases(s).end_lease(&j, slot, &a.token).await.unwrap());
     let b = s
         .claim(&spec(&j, slot, &holder("b", 1)), &none())
         .await
@@ -461,7 +456,7 @@ pub async fn end_lease_hands_over(s: &dyn Store) {
             Outcome::Won
         );
     }
-    assert_eq!(s.end_leases_of(&holder("c", 7)).await.unwrap(), 2);
+    assert_eq!(leases(s).end_leases_of(&holder("c", 7)).await.unwrap(), 2);
     let d = s
         .claim(&spec(&j2, slot + 1, &holder("d", 1)), &none())
         .await
@@ -485,10 +480,10 @@ pub async fn prune_removes_old_runs(s: &dyn Store) {
     };
     s.release(&rel, &none()).await.unwrap();
     // A cutoff in the past keeps it; one in the future removes it.
-    s.prune(now() - 3_600_000, 100).await.unwrap();
+    leases(s).prune(now() - 3_600_000, 100).await.unwrap();
     assert_eq!(s.history(&j, 5, None).await.unwrap().runs.len(), 1);
     let mut removed = 0;
-    while let Ok(n) = s.prune(now() + 60_000, 100).await {
+    while let Ok(n) = leases(s).prune(now() + 60_000, 100).await {
         removed += n;
         if n < 100 {
             break;
@@ -498,22 +493,24 @@ pub async fn prune_removes_old_runs(s: &dyn Store) {
     assert!(s.history(&j, 5, None).await.unwrap().runs.is_empty());
 }
 
-/// Once backends: Renew is refused with `no_leases`.
+/// Once backends declare no lease capability (the sidecar then refuses
+/// `Renew` with `no_leases`), and their claims still win once.
 pub async fn no_leases(s: &dyn Store) {
     assert!(!s.info().leases);
+    assert!(
+        s.leases().is_none(),
+        "a once backend has no lease capability"
+    );
     let j = job("noleases");
     let a = spec(&j, now(), &holder("a", 1));
     assert_eq!(s.claim(&a, &none()).await.unwrap().outcome, Outcome::Won);
-    let r = RenewSpec {
-        job: j,
-        slot_ms: a.slot_ms,
-        token: a.token,
-        lease_ms: 1000,
-    };
-    assert!(matches!(
-        s.renew(&r, &none()).await,
-        Err(Error::NoLeases(_))
-    ));
+}
+
+/// The lease capability of a lease store (its declared `info().leases`
+/// must agree with it).
+pub fn leases(s: &dyn Store) -> &dyn Leases {
+    assert!(s.info().leases, "{} declares no leases", s.info().backend);
+    s.leases().expect("a lease store has the lease capability")
 }
 
 /// Many concurrent claimers, in-process: exactly one WON per slot.

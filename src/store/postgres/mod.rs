@@ -38,7 +38,7 @@ use sqlx::{Connection, Executor, PgConnection, Row};
 
 use self::pool::Pool;
 use super::sql::{self, run_from_row, RunAccess, RUN_COLUMNS};
-use super::{Backend, Store, StoreInfo, StoreOptions};
+use super::{Backend, Leases, Store, StoreInfo, StoreOptions};
 use crate::claim::*;
 use crate::error::{Error, Result};
 
@@ -853,10 +853,6 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
-        self.retrying(|| self.renew_once(spec, dead)).await
-    }
-
     async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()> {
         self.retrying(|| self.release_once(spec, dead)).await
     }
@@ -882,6 +878,23 @@ impl Store for PostgresStore {
             complete: true,
             note: None,
         })
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.retrying(|| self.execute(sqlx::query("SELECT 1")))
+            .await
+            .map(drop)
+    }
+
+    fn leases(&self) -> Option<&dyn Leases> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Leases for PostgresStore {
+    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
+        self.retrying(|| self.renew_once(spec, dead)).await
     }
 
     async fn end_lease(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Result<bool> {
@@ -921,12 +934,6 @@ impl Store for PostgresStore {
             )
         })
         .await
-    }
-
-    async fn ping(&self) -> Result<()> {
-        self.retrying(|| self.execute(sqlx::query("SELECT 1")))
-            .await
-            .map(drop)
     }
 
     fn keeps_liveness(&self) -> bool {

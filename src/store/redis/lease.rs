@@ -32,7 +32,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::{convert, holder_key, reply, Conn, JobKeys, RedisConfig};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
-use crate::store::{Store, StoreInfo, StoreOptions};
+use crate::store::{Leases, Store, StoreInfo, StoreOptions};
 
 const LEASE_LUA: &str = include_str!("lease.lua");
 
@@ -381,24 +381,6 @@ impl Store for LeaseStore {
         })
     }
 
-    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
-        let mut inv = self.invocation(&spec.job, "renew");
-        inv.arg(spec.slot_ms)
-            .arg(spec.token.as_str())
-            .arg(spec.lease_ms);
-        dead_args(&mut inv, dead, false);
-        let r = self.run(&inv).await?;
-        if reply::int(r.first())? != 1 {
-            return Err(fence_error(&reply::string(r.get(1))?));
-        }
-        Ok(Renewed {
-            lease_until_ms: reply::int(r.get(1))?,
-            attempt: reply::int(r.get(2))? as u32,
-            fencing: reply::int(r.get(3))? as u64,
-            now_ms: reply::int(r.get(4))?,
-        })
-    }
-
     async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()> {
         let mut inv = self.invocation(&spec.job, "release");
         inv.arg(spec.slot_ms)
@@ -440,6 +422,38 @@ impl Store for LeaseStore {
             runs,
             complete: true,
             note: None,
+        })
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.conn
+            .query::<String>(&::redis::cmd("PING"))
+            .await
+            .map(|_| ())
+    }
+
+    fn leases(&self) -> Option<&dyn Leases> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Leases for LeaseStore {
+    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
+        let mut inv = self.invocation(&spec.job, "renew");
+        inv.arg(spec.slot_ms)
+            .arg(spec.token.as_str())
+            .arg(spec.lease_ms);
+        dead_args(&mut inv, dead, false);
+        let r = self.run(&inv).await?;
+        if reply::int(r.first())? != 1 {
+            return Err(fence_error(&reply::string(r.get(1))?));
+        }
+        Ok(Renewed {
+            lease_until_ms: reply::int(r.get(1))?,
+            attempt: reply::int(r.get(2))? as u32,
+            fencing: reply::int(r.get(3))? as u64,
+            now_ms: reply::int(r.get(4))?,
         })
     }
 
@@ -550,13 +564,6 @@ impl Store for LeaseStore {
                 return Ok(removed);
             }
         }
-    }
-
-    async fn ping(&self) -> Result<()> {
-        self.conn
-            .query::<String>(&::redis::cmd("PING"))
-            .await
-            .map(|_| ())
     }
 
     /// One server only: on a cluster the hash would sit in another slot

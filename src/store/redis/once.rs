@@ -308,14 +308,6 @@ macro_rules! once_store {
                 self.do_claim(spec).await
             }
 
-            async fn renew(
-                &self,
-                _spec: &crate::claim::RenewSpec,
-                _dead: &crate::claim::DeadHolders,
-            ) -> crate::error::Result<crate::claim::Renewed> {
-                Err(crate::error::Error::NoLeases(self.base.info.backend))
-            }
-
             async fn release(
                 &self,
                 spec: &crate::claim::ReleaseSpec,
@@ -331,26 +323,6 @@ macro_rules! once_store {
                 before_slot_ms: Option<i64>,
             ) -> crate::error::Result<crate::claim::HistoryPage> {
                 self.do_history(job, limit, before_slot_ms).await
-            }
-
-            async fn end_lease(
-                &self,
-                _job: &crate::claim::Job,
-                _slot_ms: crate::claim::SlotMs,
-                _token: &crate::claim::Token,
-            ) -> crate::error::Result<bool> {
-                Ok(false)
-            }
-
-            async fn end_leases_of(
-                &self,
-                _holder: &crate::claim::Holder,
-            ) -> crate::error::Result<u64> {
-                Ok(0)
-            }
-
-            async fn prune(&self, _cutoff_ms: i64, _batch: u32) -> crate::error::Result<u64> {
-                Ok(0)
             }
 
             async fn ping(&self) -> crate::error::Result<()> {
