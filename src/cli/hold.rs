@@ -1,7 +1,8 @@
 //! `anarchon hold JOB [--slot S] -- CMD…`: claim through a `Hold` stream; if
 //! won, run CMD while the sidecar renews the lease; stop CMD (SIGTERM, then
-//! SIGKILL after `--grace-ms`) if the lease is lost; release SUCCEEDED or
-//! FAILED by CMD's exit status.
+//! SIGKILL after `--grace-ms`, to its whole process group) if the lease is
+//! lost or the hold stream ends for any reason; release SUCCEEDED or FAILED
+//! by CMD's exit status. CMD dies with `hold` (see [`super::group`]).
 //!
 //! CMD sees `ANARCHON_JOB`, `ANARCHON_SLOT_MS`, `ANARCHON_ATTEMPT`,
 //! `ANARCHON_FENCING` and `ANARCHON_TOKEN`.
@@ -9,13 +10,12 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
-use serde_json::json;
-use tokio::process::{Child, Command};
-
 use super::client::{claim_json, claim_text, connect, ClaimOpts, ClaimsClient};
+use super::group::{self, terminate};
 use super::{print_status, ClientOpts, EXIT_LEASE_LOST, EXIT_NOT_WON};
 use crate::proto as pb;
+use clap::Args;
+use serde_json::json;
 
 #[derive(Debug, Args)]
 pub struct HoldArgs {
@@ -52,21 +52,6 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().unwrap_or(1)
 }
 
-/// SIGTERM, then SIGKILL after `grace`.
-pub async fn terminate(child: &mut Child, grace: Duration) {
-    #[cfg(unix)]
-    if let Some(pid) = child.id() {
-        use nix::sys::signal::{kill, Signal};
-        use nix::unistd::Pid;
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
-            return;
-        }
-    }
-    let _ = child.start_kill();
-    let _ = child.wait().await;
-}
-
 /// Runs `cmd` for a won claim while watching the hold stream.
 pub async fn run_held(
     cmd: &[String],
@@ -76,18 +61,19 @@ pub async fn run_held(
     stream: &mut tonic::Streaming<pb::HoldEvent>,
     grace: Duration,
 ) -> std::io::Result<Ended> {
-    let (prog, args) = cmd
-        .split_first()
-        .ok_or_else(|| std::io::Error::other("no command given"))?;
-    let mut child = Command::new(prog)
-        .args(args)
-        .env("ANARCHON_JOB", job)
-        .env("ANARCHON_SLOT_MS", slot_ms.to_string())
-        .env("ANARCHON_ATTEMPT", won.attempt.to_string())
-        .env("ANARCHON_FENCING", won.fencing.to_string())
-        .env("ANARCHON_TOKEN", &won.token)
-        .kill_on_drop(true)
-        .spawn()?;
+    // The command runs as its own process group under a supervisor that
+    // dies with us and takes the group along (see `super::group`).
+    let mut child = group::spawn(
+        cmd,
+        &[
+            ("ANARCHON_JOB", job.to_owned()),
+            ("ANARCHON_SLOT_MS", slot_ms.to_string()),
+            ("ANARCHON_ATTEMPT", won.attempt.to_string()),
+            ("ANARCHON_FENCING", won.fencing.to_string()),
+            ("ANARCHON_TOKEN", won.token.clone()),
+        ],
+        grace,
+    )?;
     let stop = super::serve::shutdown_signal();
     tokio::pin!(stop);
     loop {

@@ -7,6 +7,7 @@
 pub mod bench;
 mod client;
 pub mod cron;
+pub mod group;
 mod hold;
 mod serve;
 
