@@ -338,6 +338,7 @@ mod tests {
                 watch_buffer: 16,
                 max_links_per_peer: 4,
                 tls: None,
+                store_identity: String::new(),
             },
             stop,
             changed,

@@ -1,8 +1,9 @@
 //! The sidecar process: [`run`] takes already-bound listeners, a validated
 //! [`Config`] and a shutdown future, and serves until the future resolves.
 //!
-//! Start-up: identity (node key + instance bump) → store (connect, migrate)
-//! → gRPC (Claims, Mesh, health, reflection) and admin HTTP. Shutdown
+//! Start-up: data dir lock (one process per data dir) → store (connect,
+//! migrate) → identity (node key + instance bump) → gRPC (Claims, Mesh,
+//! health, reflection) and admin HTTP. Shutdown
 //! (SIGTERM): health turns NOT_SERVING, waits stop, `Hold` streams end, the
 //! leases this runtime holds end at once (the next claimer takes each run
 //! over), and in-flight requests drain for up to `drain_ms`.
@@ -26,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
+use crate::mesh::identity::DataDirLock;
 use crate::mesh::{Identity, Mesh, MeshConfig};
 use crate::proto as pb;
 use crate::store::{self, StoreOptions};
@@ -61,21 +63,30 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let identity =
-        Arc::new(Identity::load_or_create(&cfg.data_dir).context("cannot load the node identity")?);
-    let holder = identity.holder();
-    let grpc_addr = listeners.grpc.local_addr()?;
-    tracing::info!(node = %identity.node, instance = identity.instance, listen = %grpc_addr, "starting");
-
+    // One process per data dir, held until `run` returns; taken before the
+    // instance is bumped, and the store is opened before it too, so a start
+    // that fails leaves the instance where it was.
+    let _data_dir_lock = DataDirLock::acquire(&cfg.data_dir)?;
     let opts = StoreOptions {
         retention: cfg.retention(),
         busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+        max_future: Duration::from_millis(cfg.max_future_ms),
     };
     let url = cfg.backend_url();
     let store = store::open(&url, &opts)
         .await
         .with_context(|| format!("cannot open backend {}", redact(&url)))?;
-    tracing::info!(backend = store.info().backend, "store ready");
+
+    let identity =
+        Arc::new(Identity::load_or_create(&cfg.data_dir).context("cannot load the node identity")?);
+    let holder = identity.holder();
+    let grpc_addr = listeners.grpc.local_addr()?;
+    tracing::info!(node = %identity.node, instance = identity.instance, listen = %grpc_addr, "starting");
+    tracing::info!(
+        backend = store.info().backend,
+        store_identity = %store.info().identity,
+        "store ready"
+    );
 
     let advertise = if cfg.advertise.is_empty() {
         grpc_addr.to_string()
@@ -97,17 +108,14 @@ pub async fn run(
     let (drain_tx, drain_rx) = watch::channel(false);
     let (mesh_stop_tx, mesh_stop_rx) = watch::channel(false);
     let (changed, _) = watch::channel(0u64);
-    let mesh = Mesh::start(
-        identity.clone(),
-        MeshConfig::from_config(
-            &cfg,
-            advertise,
-            secret,
-            tls.as_ref().map(|t| t.peer_client.clone()),
-        ),
-        mesh_stop_rx,
-        changed.clone(),
+    let mut mesh_cfg = MeshConfig::from_config(
+        &cfg,
+        advertise,
+        secret,
+        tls.as_ref().map(|t| t.peer_client.clone()),
     );
+    mesh_cfg.store_identity = store.info().identity.clone();
+    let mesh = Mesh::start(identity.clone(), mesh_cfg, mesh_stop_rx, changed.clone());
 
     let metrics = Arc::new(metrics::Metrics::default());
     let runs = Arc::new(runs::RunFeed::default());

@@ -284,6 +284,14 @@ impl RedisConfig {
             (true, Strategy::Script) => "redis-cluster-script",
         }
     }
+
+    /// The `StoreInfo::identity`: a hash of the servers, database, prefix
+    /// and strategy (an id kept in Redis would be lost with the data of a
+    /// server without persistence, and split the mesh at its restart).
+    pub fn identity(&self) -> String {
+        let nodes: Vec<&str> = self.nodes.iter().map(String::as_str).collect();
+        super::address_identity(self.backend_name(), &nodes, &self.prefix)
+    }
 }
 
 /// Connects, checks the server can run the strategy, and returns the store.
@@ -473,6 +481,12 @@ impl JobKeys {
 /// The key of the set of runs a holder holds (lease strategy).
 pub(crate) fn holder_key(prefix: &str, h: &Holder) -> String {
     format!("{prefix}:holder:{}:{}", h.node, h.instance)
+}
+
+/// Redis's clock (`TIME`), in epoch milliseconds.
+pub(crate) async fn time_ms(conn: &Conn) -> Result<i64> {
+    let (secs, micros): (i64, i64) = conn.query(&::redis::cmd("TIME")).await?;
+    Ok(secs * 1000 + micros / 1000)
 }
 
 /// The Redis clock for steps that are a single plain command (no script to
