@@ -35,13 +35,33 @@ pub const SUPERVISE: &str = "__supervise";
 /// The signal the kernel sends the supervisor when `hold` dies.
 const PARENT_DIED: Signal = Signal::SIGUSR1;
 
-/// Starts `cmd` (with `envs`) under a supervisor in a new process group;
-/// the returned child is the supervisor, whose pid is the group's id.
-pub fn spawn(
-    cmd: &[String],
-    envs: &[(&str, String)],
-    grace: Duration,
-) -> std::io::Result<tokio::process::Child> {
+/// A command running under its supervisor, in the process group the
+/// supervisor leads. Dropped while it runs, it SIGKILLs the whole group (a
+/// plain `kill_on_drop` would kill the supervisor alone and orphan the rest).
+pub struct Group {
+    child: tokio::process::Child,
+}
+
+impl Group {
+    /// Waits for the supervisor, which exits with the command's status once
+    /// nothing of the command is left.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait().await
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // `id()` is None once the supervisor has been reaped.
+        if let Some(pid) = self.child.id() {
+            let _ = kill(Pid::from_raw(-(pid as i32)), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Starts `cmd` (with `envs`) under a supervisor in a new process group
+/// whose id is the supervisor's pid.
+pub fn spawn(cmd: &[String], envs: &[(&str, String)], grace: Duration) -> std::io::Result<Group> {
     if cmd.is_empty() {
         return Err(std::io::Error::other("no command given"));
     }
@@ -57,12 +77,13 @@ pub fn spawn(
     for (k, v) in envs {
         c.env(k, v);
     }
-    c.spawn()
+    Ok(Group { child: c.spawn()? })
 }
 
-/// Stops the whole group of `child` (a supervisor from [`spawn`]): SIGTERM
-/// to the group, then SIGKILL to the group after `grace`.
-pub async fn terminate(child: &mut tokio::process::Child, grace: Duration) {
+/// Stops the whole group: SIGTERM to the group, then SIGKILL to the group
+/// after `grace`.
+pub async fn terminate(group: &mut Group, grace: Duration) {
+    let child = &mut group.child;
     if let Some(pid) = child.id() {
         let group = Pid::from_raw(-(pid as i32));
         let _ = kill(group, Signal::SIGTERM);

@@ -373,17 +373,25 @@ impl Mesh {
     /// as a dead holder here (its runs live in its own store).
     fn refuse_store_mismatch(&self, node: &str, address: &str, theirs: &str) {
         let now = Instant::now();
-        let first = lock(&self.refused)
-            .insert(
-                node.to_owned(),
-                RefusedLink {
-                    address: address.to_owned(),
-                    reason: Refusal::StoreMismatch,
-                    store_identity: theirs.to_owned(),
-                    at: now,
-                },
-            )
-            .is_none_or(|r| now.saturating_duration_since(r.at) >= self.cfg.expiry);
+        let first = {
+            let mut refused = lock(&self.refused);
+            // Bounded: only recent refusals are kept (and at most max_runtimes).
+            refused.retain(|_, r| now.saturating_duration_since(r.at) < self.cfg.expiry);
+            if refused.len() >= self.cfg.max_runtimes && !refused.contains_key(node) {
+                return;
+            }
+            refused
+                .insert(
+                    node.to_owned(),
+                    RefusedLink {
+                        address: address.to_owned(),
+                        reason: Refusal::StoreMismatch,
+                        store_identity: theirs.to_owned(),
+                        at: now,
+                    },
+                )
+                .is_none()
+        };
         {
             let mut table = lock(&self.table);
             table.count_refusal(Refusal::StoreMismatch);
@@ -399,11 +407,28 @@ impl Mesh {
     }
 
     /// Whether a hello announces another store than ours (either side may
-    /// leave it empty: nothing to compare).
+    /// leave it empty: nothing to compare). A hello on our store clears an
+    /// earlier refusal of that runtime (its operator fixed its store).
     fn other_store(&self, hello: &pb::Hello) -> bool {
-        !self.cfg.store_identity.is_empty()
+        let other = !self.cfg.store_identity.is_empty()
             && !hello.store_identity.is_empty()
-            && hello.store_identity != self.cfg.store_identity
+            && hello.store_identity != self.cfg.store_identity;
+        if !other {
+            lock(&self.refused).remove(&hello.node);
+        }
+        other
+    }
+
+    /// Whether `node` was refused as a link within the last expiry.
+    fn recently_refused(
+        refused: &HashMap<String, RefusedLink>,
+        node: &str,
+        now: Instant,
+        expiry: Duration,
+    ) -> bool {
+        refused
+            .get(node)
+            .is_some_and(|r| now.saturating_duration_since(r.at) < expiry)
     }
 
     /// This runtime's hello, with a fresh nonce.
@@ -785,7 +810,7 @@ impl Mesh {
             table.touch_direct(from, now);
             let refused = lock(&self.refused);
             for m in &marks {
-                if refused.contains_key(&m.node) {
+                if Self::recently_refused(&refused, &m.node, now, self.cfg.expiry) {
                     continue;
                 }
                 let twin_before = table.duplicate_key_seen();
