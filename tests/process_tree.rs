@@ -271,20 +271,26 @@ fn lost_stream_and_normal_exit_leave_no_background_children() {
         p = pids.display()
     );
     let started = Instant::now();
-    let out = Command::new(BIN)
+    // No pipes: a pipe held open by a leftover child would make us wait for it.
+    let status = Command::new(BIN)
         .args(["hold", "tree-exit", "--grace-ms", "300"])
         .args(["--server", &s.addr.to_string(), "--", "sh", "-c", &script])
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
         .unwrap();
     let took = started.elapsed();
-    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert_eq!(status.code(), Some(7));
     let left: Vec<i32> = first_pids(&scene.dir)
         .into_iter()
         .filter(|p| alive(*p))
         .collect();
     assert!(left.is_empty(), "left behind after hold exited: {left:?}");
     // The TERM-ignoring child needed the SIGKILL after the grace.
-    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
     // Released as FAILED by the command's status only after that.
     let h = Command::new(BIN)
         .args([
