@@ -13,10 +13,10 @@
 //! | [`config`] | the one typed config: defaults → TOML → `ANARCHON_*` → flags, validated before binding |
 //! | [`error`] | domain errors and **the** mapping to gRPC status codes |
 //! | [`claim`] | jobs, tokens, runs, outcomes, and the pure lease decision table |
-//! | [`store`] | the `Store` trait, `open(url)`, and one module per backend |
-//! | [`mesh`] | node identity (key + instance generation) |
+//! | [`store`] | the `Store` trait, `open(url)` (every store refuses slots beyond `max_future_ms`), and one module per backend |
+//! | [`mesh`] | node identity (key + instance generation, one process per data dir), the liveness table, links |
 //! | [`server`] | `run(listeners, config, shutdown)`: the gRPC services, admin HTTP, metrics |
-//! | [`cli`] | the client subcommands (`claim`, `renew`, `release`, `history`, `hold`) and `bench` |
+//! | [`cli`] | the client subcommands (`claim`, `renew`, `release`, `history`, `hold`, `cron`), `bench`, and the supervisor that runs a held command as a process group |
 //! | [`telemetry`] | tracing setup (plain or JSON logs) |
 //! | `fuzzing` | fuzz bodies shared by `fuzz/` and the smoke test |
 
