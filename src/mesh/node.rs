@@ -114,6 +114,9 @@ struct RefusedLink {
     reason: Refusal,
     store_identity: String,
     at: Instant,
+    /// Known from its own hello (proof of key), not just from what the
+    /// runtime we dialed said about itself when it refused us.
+    verified: bool,
 }
 
 /// The gRPC status of a hello refused for being on another store. The
@@ -369,9 +372,10 @@ impl Mesh {
 
     /// Refuses a peer that claims in another store than ours: counted as
     /// `store_mismatch`, logged with both identities, remembered for
-    /// `peers`/`/readyz`, and dropped from the table so that it never counts
-    /// as a dead holder here (its runs live in its own store).
-    fn refuse_store_mismatch(&self, node: &str, address: &str, theirs: &str) {
+    /// `peers`/`/readyz`, and — when `verified` (we checked its hello's proof
+    /// of key) — dropped from the table with its marks ignored, so that it
+    /// never counts as a dead holder here (its runs live in its own store).
+    fn refuse_store_mismatch(&self, node: &str, address: &str, theirs: &str, verified: bool) {
         let now = Instant::now();
         let first = {
             let mut refused = lock(&self.refused);
@@ -380,6 +384,8 @@ impl Mesh {
             if refused.len() >= self.cfg.max_runtimes && !refused.contains_key(node) {
                 return;
             }
+            // Once known from its own hello, it stays so while it keeps trying.
+            let was_verified = refused.get(node).is_some_and(|r| r.verified);
             refused
                 .insert(
                     node.to_owned(),
@@ -388,6 +394,7 @@ impl Mesh {
                         reason: Refusal::StoreMismatch,
                         store_identity: theirs.to_owned(),
                         at: now,
+                        verified: verified || was_verified,
                     },
                 )
                 .is_none()
@@ -395,7 +402,9 @@ impl Mesh {
         {
             let mut table = lock(&self.table);
             table.count_refusal(Refusal::StoreMismatch);
-            table.forget(node);
+            if verified {
+                table.forget(node);
+            }
         }
         if first {
             tracing::error!(
@@ -419,7 +428,8 @@ impl Mesh {
         other
     }
 
-    /// Whether `node` was refused as a link within the last expiry.
+    /// Whether `node` was refused as a link, on its own hello, within the
+    /// last expiry.
     fn recently_refused(
         refused: &HashMap<String, RefusedLink>,
         node: &str,
@@ -428,7 +438,7 @@ impl Mesh {
     ) -> bool {
         refused
             .get(node)
-            .is_some_and(|r| now.saturating_duration_since(r.at) < expiry)
+            .is_some_and(|r| r.verified && now.saturating_duration_since(r.at) < expiry)
     }
 
     /// This runtime's hello, with a fresh nonce.
@@ -668,7 +678,7 @@ impl Mesh {
             return Err(Status::failed_precondition("self: this address is my own"));
         }
         if self.other_store(&hello) {
-            self.refuse_store_mismatch(&hello.node, &hello.address, &hello.store_identity);
+            self.refuse_store_mismatch(&hello.node, &hello.address, &hello.store_identity, true);
             return Err(store_mismatch_status(
                 &self.id.node,
                 &self.cfg.store_identity,
@@ -985,7 +995,14 @@ impl Mesh {
                 };
                 let node = meta("anarchon-node");
                 if !node.is_empty() {
-                    self.refuse_store_mismatch(&node, addr, &meta("anarchon-store-identity"));
+                    // Unverified (it refused before sending its hello):
+                    // shown and counted, but it changes nothing else.
+                    self.refuse_store_mismatch(
+                        &node,
+                        addr,
+                        &meta("anarchon-store-identity"),
+                        false,
+                    );
                 }
                 return Err(other(&st));
             }
@@ -1011,7 +1028,7 @@ impl Mesh {
             return Err(DialError::IsSelf);
         }
         if self.other_store(&hello) {
-            self.refuse_store_mismatch(&hello.node, addr, &hello.store_identity);
+            self.refuse_store_mismatch(&hello.node, addr, &hello.store_identity, true);
             return Err(DialError::Other("peer refused: store_mismatch".into()));
         }
         // One link per pair: the higher node drops its own dial when the
