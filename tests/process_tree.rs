@@ -246,7 +246,8 @@ fn sigkill_of_the_sidecar_stops_the_whole_command_before_a_peer_takes_over() {
     std::thread::sleep(Duration::from_millis(300));
     let killed_at = now_ns();
     a.kill();
-    // hold exits 4 (lease lost: the stream broke) after stopping the group.
+    // hold exits 4 (lease lost: the stream broke) after killing the group
+    // at once (no grace: the run may be someone else's already).
     assert_eq!(first.wait().unwrap().code(), Some(4));
     let stopped_after = (now_ns() - killed_at) as f64 / 1e6;
     scene.assert_clean(&mut second);
@@ -255,6 +256,53 @@ fn sigkill_of_the_sidecar_stops_the_whole_command_before_a_peer_takes_over() {
         "hold stopped its command {stopped_after:.0} ms after the sidecar's SIGKILL; the peer's \
          holder started {:.0} ms after it",
         (started.saturating_sub(killed_at)) as f64 / 1e6
+    );
+}
+
+#[test]
+fn sigterm_of_the_sidecar_kills_the_whole_command_before_a_peer_takes_over() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let scene = Scene::new();
+    let db = format!("sqlite://{}", scene.dir.join("shared.db").display());
+    let timing = ["--heartbeat-ms", "100", "--expiry-ms", "1000"];
+    let mut a = Sidecar::start(
+        &scene.dir.join("a"),
+        &[&["--backend", db.as_str()][..], &timing[..]].concat(),
+    );
+    let a_addr = a.addr.to_string();
+    let b = Sidecar::start(
+        &scene.dir.join("b"),
+        &[
+            &["--backend", db.as_str(), "--peer", a_addr.as_str()][..],
+            &timing[..],
+        ]
+        .concat(),
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let out = Command::new(BIN)
+                .args(["peers", "--json", "--server", &b.addr.to_string()])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .matches("\"ALIVE\"")
+                .count()
+                >= 2
+        }),
+        "the sidecars did not link"
+    );
+    let mut first = scene.first(a.addr, "tree-sidecar-term");
+    let mut second = scene.second(b.addr, "tree-sidecar-term");
+    std::thread::sleep(Duration::from_millis(300));
+    let termed_at = now_ns();
+    // A leaving sidecar ends its leases at once: the peer takes over now.
+    a.terminate();
+    assert_eq!(first.wait().unwrap().code(), Some(4));
+    scene.assert_clean(&mut second);
+    let started = start2_ns(&read(&scene.dir.join("events"))).unwrap();
+    eprintln!(
+        "the peer's holder started {:.0} ms after the sidecar's SIGTERM",
+        (started.saturating_sub(termed_at)) as f64 / 1e6
     );
 }
 

@@ -96,6 +96,15 @@ pub async fn terminate(group: &mut Group, grace: Duration) {
     let _ = child.wait().await;
 }
 
+/// SIGKILLs the whole group at once and reaps the supervisor.
+pub async fn kill_now(group: &mut Group) {
+    if let Some(pid) = group.child.id() {
+        let _ = kill(Pid::from_raw(-(pid as i32)), Signal::SIGKILL);
+    }
+    let _ = group.child.start_kill();
+    let _ = group.child.wait().await;
+}
+
 /// `anarchon __supervise PARENT_PID GRACE_MS -- CMD…`: see the module docs.
 /// Exits with the command's status (128 + signal when it was killed).
 pub fn supervise(args: &[String]) -> ExitCode {

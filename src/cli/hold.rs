@@ -1,8 +1,9 @@
 //! `anarchon hold JOB [--slot S] -- CMD…`: claim through a `Hold` stream; if
 //! won, run CMD while the sidecar renews the lease; stop CMD (SIGTERM, then
 //! SIGKILL after `--grace-ms`, to its whole process group) if the lease is
-//! lost or the hold stream ends for any reason; release SUCCEEDED or FAILED
-//! by CMD's exit status. CMD dies with `hold` (see [`super::group`]).
+//! lost; SIGKILL the group at once if the hold stream ends for any other
+//! reason (the sidecar has ended the lease then); release SUCCEEDED or
+//! FAILED by CMD's exit status. CMD dies with `hold` (see [`super::group`]).
 //!
 //! CMD sees `ANARCHON_JOB`, `ANARCHON_SLOT_MS`, `ANARCHON_ATTEMPT`,
 //! `ANARCHON_FENCING` and `ANARCHON_TOKEN`.
@@ -94,10 +95,12 @@ pub async fn run_held(
                     }
                     Ok(Some(_)) => {}
                     Ok(None) | Err(_) => {
-                        // The sidecar went away: we cannot know whether we
-                        // still hold the run, so stop working.
-                        eprintln!("anarchon: the hold stream to the sidecar broke; stopping the command");
-                        terminate(&mut child, grace).await;
+                        // The watchdog. A Hold stream that ends without a
+                        // release ends the lease at once on the sidecar (so
+                        // does a sidecar that leaves on SIGTERM), and the
+                        // next claimer may win within milliseconds: no grace.
+                        eprintln!("anarchon: the hold stream to the sidecar ended; killing the command");
+                        group::kill_now(&mut child).await;
                         return Ok(Ended::LeaseLost);
                     }
                 }

@@ -4,9 +4,10 @@
 //! Start-up: data dir lock (one process per data dir) → store (connect,
 //! migrate) → identity (node key + instance bump) → gRPC (Claims, Mesh,
 //! health, reflection) and admin HTTP. Shutdown
-//! (SIGTERM): health turns NOT_SERVING, waits stop, `Hold` streams end, the
-//! leases this runtime holds end at once (the next claimer takes each run
-//! over), and in-flight requests drain for up to `drain_ms`.
+//! (SIGTERM): health turns NOT_SERVING, waits stop, `Hold` streams end (and
+//! their clients get a moment to stop their commands), then the LEFT mark
+//! goes out and the leases this runtime holds end at once (the next claimer
+//! takes each run over), and in-flight requests drain for up to `drain_ms`.
 
 pub mod admin;
 pub mod auth;
@@ -56,6 +57,11 @@ impl Listeners {
         })
     }
 }
+
+/// On SIGTERM, how long `Hold` clients get between the end of their stream
+/// and the moment peers may take their runs over (the LEFT mark): `hold`
+/// kills its command's process group as soon as its stream ends.
+const HOLD_CLIENTS_MARGIN: Duration = Duration::from_millis(100);
 
 /// Serves until `shutdown` resolves, then drains.
 pub async fn run(
@@ -164,18 +170,29 @@ pub async fn run(
         let store = store.clone();
         let holder = holder.clone();
         let mesh = mesh.clone();
+        let metrics = metrics.clone();
+        let drain = Duration::from_millis(cfg.drain_ms);
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("draining");
-            // Tell the peers first, so they stop counting on us at once.
-            mesh.leave().await;
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
             health
                 .set_not_serving::<pb::claims_server::ClaimsServer<ClaimsService>>()
                 .await;
+            // End the Hold streams first and let their clients act on it
+            // (`hold` kills its command when its stream ends): the LEFT mark
+            // and the ended leases below let peers take the runs over at
+            // once, and a command must not still run then.
             let _ = drain_tx.send(true);
+            let until = tokio::time::Instant::now() + drain / 2;
+            while metrics.holds_open.get() > 0 && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(HOLD_CLIENTS_MARGIN.min(drain / 2)).await;
+            // Then tell the peers, so they stop counting on us at once.
+            mesh.leave().await;
             match store.end_leases_of(&holder).await {
                 Ok(n) if n > 0 => tracing::info!(runs = n, "ended the leases this runtime held"),
                 Ok(_) => {}
