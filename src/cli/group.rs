@@ -143,8 +143,12 @@ fn supervise_inner(args: &[String]) -> Result<u8, String> {
         PARENT_DIED,
     ]);
     signals.thread_block().map_err(|e| e.to_string())?;
-    nix::sys::prctl::set_pdeathsig(PARENT_DIED).map_err(|e| e.to_string())?;
-    nix::sys::prctl::set_child_subreaper(true).map_err(|e| e.to_string())?;
+    // Linux only; elsewhere the watchdog in `hold` is all there is.
+    #[cfg(target_os = "linux")]
+    {
+        nix::sys::prctl::set_pdeathsig(PARENT_DIED).map_err(|e| e.to_string())?;
+        nix::sys::prctl::set_child_subreaper(true).map_err(|e| e.to_string())?;
+    }
     if nix::unistd::getppid().as_raw() != parent {
         // `hold` died before we could watch it: start nothing.
         return Err("the hold process is gone; not starting the command".into());

@@ -259,6 +259,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn address_identity_leaves_credentials_and_options_out() {
+        let a = address_identity("amqp", &["amqp://u:pw@h:5672/%2f?prefix=x"], "p");
+        assert_eq!(
+            a,
+            address_identity("amqp", &["amqp://other:pw2@H:5672/%2f"], "p")
+        );
+        assert_ne!(a, address_identity("amqp", &["amqp://h:5672/vh"], "p"));
+        assert_ne!(a, address_identity("amqp", &["amqp://h:5672/%2f"], "q"));
+        assert_ne!(a, address_identity("nats", &["amqp://h:5672/%2f"], "p"));
+        assert!(a.starts_with("amqp:") && !a.contains("pw"), "{a}");
+        assert_eq!(
+            address_identity("nats", &["nats://a:1,b:2"], "p"),
+            address_identity("nats", &["nats://b:2,a:1"], "p")
+        );
+    }
+
+    #[test]
     fn backend_urls() {
         assert_eq!(
             Backend::parse("sqlite://./d/a.db").unwrap(),

@@ -289,7 +289,20 @@ impl RedisConfig {
     /// and strategy (an id kept in Redis would be lost with the data of a
     /// server without persistence, and split the mesh at its restart).
     pub fn identity(&self) -> String {
-        let nodes: Vec<&str> = self.nodes.iter().map(String::as_str).collect();
+        // `redis://h:1` and `redis://h:1/0` are the same database.
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let base = n.split(['?', '#']).next().unwrap_or_default();
+                let rest = base.split_once("://").map_or(base, |(_, r)| r);
+                match rest.split_once('/') {
+                    Some((_, db)) if !db.trim_matches('/').is_empty() => base.to_owned(),
+                    _ => format!("{}/0", base.trim_end_matches('/')),
+                }
+            })
+            .collect();
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
         super::address_identity(self.backend_name(), &nodes, &self.prefix)
     }
 }
@@ -594,6 +607,22 @@ pub(crate) fn parse_id(id: &str) -> Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identity_names_the_place_not_the_credentials() {
+        let id = |u: &str| RedisConfig::parse(u).unwrap().identity();
+        assert_eq!(id("redis://h:1"), id("redis://h:1/0"));
+        assert_eq!(id("redis://h:1/0"), id("redis://:secret@h:1/0"));
+        assert_ne!(id("redis://h:1/0"), id("redis://h:1/1"));
+        assert_ne!(id("redis://h:1/0"), id("redis://h:1/0?prefix=other"));
+        assert_ne!(id("redis://h:1/0"), id("redis://h:1/0?strategy=script"));
+        assert_eq!(
+            id("redis+cluster://a:1,b:2"),
+            id("redis+cluster://u:pw@b:2,a:1")
+        );
+        assert!(!id("redis://:secret@h:1/0").contains("secret"));
+        assert!(id("redis://h:1/0").starts_with("redis-lease:"));
+    }
 
     #[test]
     fn urls() {
