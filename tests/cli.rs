@@ -280,6 +280,21 @@ fn a_second_serve_on_one_data_dir_exits_1_and_leaves_the_instance() {
         instance,
         "a failed start must not bump the instance"
     );
+
+    // Neither does a start whose store cannot be opened.
+    drop(first);
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &l, "--admin-listen", &a])
+        .args(["--data-dir", &data_dir])
+        .args(["--backend", "sqlite:///proc/no-such-dir/a.db"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("instance")).unwrap(),
+        instance,
+        "a start that failed on its store must not bump the instance"
+    );
 }
 
 /// `--slot now` was a different slot every millisecond, so two instances
