@@ -71,6 +71,9 @@ pub struct Config {
     pub overlap: String,
     /// Largest `wait_ms` a caller may ask for.
     pub max_wait_ms: u64,
+    /// A claim of a slot further than this ahead of the store's clock is
+    /// `INVALID_ARGUMENT` (a typo, `i64::MAX`, a poison slot).
+    pub max_future_ms: u64,
     /// Labels shown to peers (`K=V` strings or a table).
     #[serde(deserialize_with = "labels")]
     pub label: BTreeMap<String, String>,
@@ -121,6 +124,7 @@ impl Default for Config {
             max_attempts: 3,
             overlap: "allow".into(),
             max_wait_ms: 300_000,
+            max_future_ms: 24 * 3_600_000,
             label: BTreeMap::new(),
             retention_ms: 7 * 24 * 3_600_000,
             busy_timeout_ms: 5_000,
@@ -159,6 +163,7 @@ const KEYS: &[&str] = &[
     "max_attempts",
     "overlap",
     "max_wait_ms",
+    "max_future_ms",
     "label",
     "retention_ms",
     "busy_timeout_ms",
@@ -282,6 +287,12 @@ impl Config {
         }
         if self.max_late_ms > i64::MAX as u64 / 4 {
             return Err(err("max_late_ms", "is too large"));
+        }
+        if self.max_future_ms == 0 {
+            return Err(err("max_future_ms", "must be positive"));
+        }
+        if self.max_future_ms > i64::MAX as u64 / 4 {
+            return Err(err("max_future_ms", "is too large"));
         }
         if self.max_attempts == 0 {
             return Err(err("max_attempts", "must be at least 1"));

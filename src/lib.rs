@@ -13,11 +13,11 @@
 //! | [`config`] | the one typed config: defaults → TOML → `ANARCHON_*` → flags, validated before binding |
 //! | [`error`] | domain errors and **the** mapping to gRPC status codes |
 //! | [`claim`] | jobs, tokens, runs, outcomes, and the pure lease decision table |
-//! | [`store`] | the `Store` trait, `open(url)`, and one module per backend |
-//! | [`mesh`] | who is alive: node identity, signed beats, the pure liveness table, links, discovery |
+//! | [`store`] | the `Store` trait and its `Leases` capability, `open(url)` (every store refuses slots beyond `max_future_ms`), and one module per backend |
+//! | [`mesh`] | who is alive: node identity (key + instance generation, one process per data dir), signed beats, the pure liveness table, links, discovery |
 //! | [`liveness`] | store-confirmed liveness: this sidecar's self-fence, the observer of suspects' counters, the dead-holder sets for claims |
 //! | [`server`] | `run(listeners, config, shutdown)`: the gRPC services, admin HTTP, metrics |
-//! | [`cli`] | the client subcommands (`claim`, `renew`, `release`, `history`, `hold`) and `bench` |
+//! | [`cli`] | the client subcommands (`claim`, `renew`, `release`, `history`, `hold`, `cron`), `bench`, and the supervisor that runs a held command as a process group |
 //! | [`telemetry`] | tracing setup (plain or JSON logs) |
 //! | `fuzzing` | fuzz bodies shared by `fuzz/` and the smoke test |
 

@@ -46,7 +46,7 @@ fn claim_hold_release_history_from_the_command_line() {
 
     let out = anarchon(
         &[
-            &["claim", "cli-job", "--slot", "now", "--json"][..],
+            &["claim", "cli-job", "--slot", "now/1m", "--json"][..],
             &sv[..],
         ]
         .concat(),
@@ -70,9 +70,16 @@ fn claim_hold_release_history_from_the_command_line() {
         "echo \"$ANARCHON_JOB $ANARCHON_SLOT_MS $ANARCHON_ATTEMPT ${{#ANARCHON_TOKEN}}\" > {}; exit 7",
         marker.display()
     );
+    // A slot a little ahead (slots more than max_future_ms ahead are refused).
+    let held_slot = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        + 60_000)
+        .to_string();
     let out = anarchon(
         &[
-            &["hold", "held-job", "--slot", "5000000000000"][..],
+            &["hold", "held-job", "--slot", &held_slot][..],
             &sv[..],
             &["--", "sh", "-c", &script][..],
         ]
@@ -81,7 +88,7 @@ fn claim_hold_release_history_from_the_command_line() {
     assert_eq!(out.status.code(), Some(7), "{out:?}");
     assert_eq!(
         std::fs::read_to_string(&marker).unwrap().trim(),
-        "held-job 5000000000000 1 32"
+        format!("held-job {held_slot} 1 32")
     );
     let out = anarchon(&[&["history", "held-job", "--json"][..], &sv[..]].concat());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -178,7 +185,16 @@ fn watch_streams_a_snapshot_then_changes() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (common::process::free_addr(), common::process::free_addr());
-    let t = ["--heartbeat-ms", "100", "--expiry-ms", "600"];
+    // One store for the mesh (sidecars on different stores refuse to link).
+    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let t = [
+        "--heartbeat-ms",
+        "100",
+        "--expiry-ms",
+        "600",
+        "--backend",
+        db.as_str(),
+    ];
     let _sa = Sidecar::start_at(
         &dir.path().join("a"),
         a,
@@ -208,4 +224,145 @@ fn watch_streams_a_snapshot_then_changes() {
     let _ = w.kill();
     let _ = w.wait();
     assert!(expired.is_some(), "no EXPIRED event streamed");
+}
+
+/// Two `serve` processes on one data dir would be two processes of one node
+/// key: the second would bump the instance and the peers would take the live
+/// first one for superseded. The second exits at once with status 1 naming
+/// the first one's pid, and leaves the instance counter alone.
+#[test]
+fn a_second_serve_on_one_data_dir_exits_1_and_leaves_the_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Sidecar::start(dir.path(), &[]);
+    // The port listens before the instance is bumped: wait for the file.
+    let instance_file = dir.path().join("instance");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !instance_file.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let instance = std::fs::read_to_string(&instance_file).unwrap();
+    let (l, a) = (
+        common::process::free_addr().to_string(),
+        common::process::free_addr().to_string(),
+    );
+    let data_dir = dir.path().display().to_string();
+    let mut second = Command::new(BIN)
+        .args(["serve", "--listen", &l, "--admin-listen", &a])
+        .args(["--data-dir", &data_dir])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = second.try_wait().unwrap() {
+            break Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = second.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = second.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let status = status.expect("the second serve kept running on the same data dir");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "data dir {data_dir} is in use by pid {}",
+            first.pid()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("instance")).unwrap(),
+        instance,
+        "a failed start must not bump the instance"
+    );
+
+    // Neither does a start whose store cannot be opened.
+    drop(first);
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &l, "--admin-listen", &a])
+        .args(["--data-dir", &data_dir])
+        .args(["--backend", "sqlite:///proc/no-such-dir/a.db"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("instance")).unwrap(),
+        instance,
+        "a start that failed on its store must not bump the instance"
+    );
+}
+
+/// `--slot now` was a different slot every millisecond, so two instances
+/// claiming "now" at once both won. `now/PERIOD` names one slot per period;
+/// a bare `now` is refused (usage, status 2) naming the forms.
+#[test]
+fn slot_now_is_a_period_and_a_bare_now_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Sidecar::start(dir.path(), &[]);
+    let server = s.addr.to_string();
+    let claimers: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(BIN)
+                .args(["claim", "dup-test", "--slot", "now/1m"])
+                .args(["--server", &server])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // `OUTCOME job=dup-test slot=N …`
+    let answers: Vec<(String, i64)> = claimers
+        .into_iter()
+        .map(|c| {
+            let out = String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap();
+            let outcome = out.split_whitespace().next().unwrap_or_default().to_owned();
+            let slot = out
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("slot=")?.parse().ok())
+                .unwrap_or_else(|| panic!("no slot in {out:?}"));
+            (outcome, slot)
+        })
+        .collect();
+    for (_, slot) in &answers {
+        assert_eq!(slot % 60_000, 0, "{answers:?}");
+    }
+    // Both name the same slot (unless a minute boundary fell between them),
+    // so exactly one wins.
+    if answers[0].1 == answers[1].1 {
+        let won = answers.iter().filter(|(o, _)| o == "WON").count();
+        assert_eq!(won, 1, "{answers:?}");
+    }
+
+    let out = anarchon(&["claim", "dup-test", "--slot", "now", "--server", &server]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for form in ["now/1m", "now/5m", "now/1h", "now/1d"] {
+        assert!(err.contains(form), "{err}");
+    }
+}
+
+/// A slot far in the future (a typo, `i64::MAX`) is refused before the
+/// store writes anything: INVALID_ARGUMENT naming `slot_ms`.
+#[test]
+fn a_slot_far_in_the_future_is_refused_naming_slot_ms() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Sidecar::start(dir.path(), &["--max-future-ms", "3600000"]);
+    let server = s.addr.to_string();
+    for slot in [i64::MAX.to_string(), "9999999999999".to_string()] {
+        let out = anarchon(&[
+            "claim", "far", "--slot", &slot, "--json", "--server", &server,
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("InvalidArgument"), "{text}");
+        assert!(text.contains("slot_ms"), "{text}");
+    }
+    let out = anarchon(&["history", "far", "--json", "--server", &server]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["runs"].as_array().map(Vec::len), Some(0), "{v}");
 }

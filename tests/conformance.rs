@@ -35,6 +35,7 @@ macro_rules! conformance {
             case!(takeover_of_dead_holder);
             case!(attempts_exhausted);
             case!(late_writes_nothing);
+            case!(far_future_slot_is_refused_and_writes_nothing);
             case!(overlap_skip);
             case!(renew_extends);
             case!(stale_token_is_fenced);

@@ -227,6 +227,16 @@ async fn failover(kill_sidecar_too: bool) {
     );
     assert_ne!(second[0].3, who, "the survivor ran it");
     assert!(runs(&out).iter().all(|x| x.2 <= 2), "no third attempt");
+    // The killed runner's command (`sleep 2` in a shell) died with it: its
+    // attempt 1 never reached `end`, so it never ran next to attempt 2.
+    let first_end: Vec<_> = runs(&out)
+        .into_iter()
+        .filter(|x| x.0 == "end" && x.1 == slot && x.2 == 1)
+        .collect();
+    assert!(
+        first_end.is_empty(),
+        "the killed runner's command kept running next to attempt 2: {first_end:?}"
+    );
     if !kill_sidecar_too {
         // The broken Hold stream ended the lease at once.
         assert!(took < Duration::from_millis(2000 + 1500), "{took:?}");

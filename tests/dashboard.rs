@@ -418,6 +418,9 @@ async fn the_dashboard_in_headless_chromium() {
     let mut sidecars: Vec<Sidecar> = (0..3)
         .map(|i| {
             let mut flags: Vec<String> = vec![
+                // One store for the mesh (sidecars on different stores refuse to link).
+                "--backend".into(),
+                format!("sqlite://{}", root.path().join("shared.db").display()),
                 "--heartbeat-ms".into(),
                 HB.to_string(),
                 "--expiry-ms".into(),

@@ -128,6 +128,11 @@ async fn a_killed_sidecar_expires_and_its_restart_rejoins_as_the_same_runtime() 
     let mut sidecars: Vec<Sidecar> = (0..3)
         .map(|i| {
             let mut flags = timing();
+            // One store for the whole mesh (sidecars on different stores refuse to link).
+            flags.extend([
+                "--backend".into(),
+                format!("sqlite://{}", root.path().join("shared.db").display()),
+            ]);
             for (j, a) in addrs.iter().enumerate() {
                 if j != i {
                     flags.extend(["--peer".into(), a.to_string()]);
@@ -237,6 +242,11 @@ async fn a_partitioned_runtime_stays_alive_through_a_relay_and_expires_when_cut_
     let _sidecars: Vec<Sidecar> = (0..3)
         .map(|i| {
             let mut flags = timing();
+            // One store for the whole mesh (sidecars on different stores refuse to link).
+            flags.extend([
+                "--backend".into(),
+                format!("sqlite://{}", root.path().join("shared.db").display()),
+            ]);
             flags.extend(["--advertise".into(), proxies[i].addr.to_string()]);
             for (j, p) in proxies.iter().enumerate() {
                 if j != i {
@@ -342,6 +352,11 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
     let sidecars: Vec<Sidecar> = (0..2)
         .map(|i| {
             let mut flags = timing();
+            // One store for the whole mesh (sidecars on different stores refuse to link).
+            flags.extend([
+                "--backend".into(),
+                format!("sqlite://{}", root.path().join("shared.db").display()),
+            ]);
             flags.extend(["--peer".into(), addrs[1 - i].to_string()]);
             let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
             Sidecar::start_at(&dirs[i], addrs[i], &flags)
@@ -470,4 +485,151 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
 }
 
 #[allow(unused)]
+/// The README's old mesh example: two sidecars with a SQLite file each,
+/// `--peer` each other. They do not share claims, so they must not form one
+/// mesh: each refuses the other's hello (`store_mismatch`), lists it as
+/// refused with its store identity (never as a peer), counts the refusal,
+/// answers `/readyz` with 503 naming both identities, and logs an error.
+///
+/// What the mesh cannot do is make two stores agree: `claim` of the same
+/// job still answers `WON` on each store (asserted below, so that the docs
+/// say exactly this). The split is now loud instead of silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sidecars_on_different_stores_refuse_to_link_and_say_so() {
+    let _turn = TURN.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let args = |peer: std::net::SocketAddr| {
+        let mut v = timing();
+        v.extend(["--peer".to_string(), peer.to_string()]);
+        v
+    };
+    let (args_a, args_b) = (args(b_addr), args(a_addr));
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let a = Sidecar::start_at(&root.path().join("a"), a_addr, &refs(&args_a));
+    let b = Sidecar::start_at(&root.path().join("b"), b_addr, &refs(&args_b));
+    let node = |l: &pb::ListPeersResponse| l.self_.as_ref().unwrap().node.clone();
+    let (node_a, node_b) = (node(&list(a_addr).await), node(&list(b_addr).await));
+    let refused_by = |addr, other: String| async move {
+        list(addr)
+            .await
+            .refused
+            .iter()
+            .any(|r| r.node == other && r.reason == "store_mismatch")
+    };
+    until(Duration::from_secs(10), || async {
+        refused_by(a_addr, node_b.clone()).await && refused_by(b_addr, node_a.clone()).await
+    })
+    .await
+    .expect("both sidecars refuse the other");
+    // Let a few redials happen: the other never becomes a peer.
+    tokio::time::sleep(Duration::from_millis(3 * HB)).await;
+    let (la, lb) = (list(a_addr).await, list(b_addr).await);
+    assert!(la.store_identity.starts_with("sqlite:"), "{la:?}");
+    assert!(lb.store_identity.starts_with("sqlite:"), "{lb:?}");
+    assert_ne!(la.store_identity, lb.store_identity);
+    assert_eq!(la.refused[0].store_identity, lb.store_identity);
+    assert_eq!(lb.refused[0].store_identity, la.store_identity);
+    assert!(la.peers.iter().all(|p| p.node != node_b), "{la:?}");
+    assert!(lb.peers.iter().all(|p| p.node != node_a), "{lb:?}");
+
+    for (s, ours, theirs) in [(&a, &la, &lb), (&b, &lb, &la)] {
+        let metrics = common::http_get(s.admin, "/metrics", None).await;
+        let refused: u64 = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("anarchon_mesh_refused_total{reason=\"store_mismatch\"} ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0);
+        assert!(refused >= 1, "{metrics}");
+        let ready = common::http_get(s.admin, "/readyz", None).await;
+        assert!(ready.starts_with("not ready"), "{ready}");
+        assert!(ready.contains("store_mismatch"), "{ready}");
+        assert!(ready.contains(&ours.store_identity), "{ready}");
+        assert!(ready.contains(&theirs.store_identity), "{ready}");
+        let log = std::fs::read_to_string(&s.log).unwrap();
+        assert!(log.contains("refused a peer on another store"), "{log}");
+        assert!(log.contains(&theirs.store_identity), "{log}");
+        let out = std::process::Command::new(common::process::BIN)
+            .args(["peers", "--server", &s.addr.to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("REFUSED"), "{text}");
+        assert!(text.contains("store_mismatch"), "{text}");
+    }
+
+    // Two stores, two winners: the mesh cannot prevent this, it reports it.
+    for s in [&a, &b] {
+        let out = std::process::Command::new(common::process::BIN)
+            .args(["claim", "same-job", "--server", &s.addr.to_string()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+}
+
+/// A copied data dir (node key *and* instance counter) runs the same
+/// runtime twice. A third sidecar relays each one's marks to the other; the
+/// one that sees its own node and instance beating from another address
+/// reports it: an error in the log, `anarchon_mesh_duplicate_node_key 1`,
+/// and a line in `peers`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copied_node_key_is_reported_as_a_duplicate() {
+    let _turn = TURN.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let (dir_a, dir_b) = (root.path().join("a"), root.path().join("b"));
+    node_of(&dir_a);
+    std::fs::create_dir_all(&dir_b).unwrap();
+    for f in ["node.key", "instance"] {
+        std::fs::copy(dir_a.join(f), dir_b.join(f)).unwrap();
+    }
+    let c_addr = free_addr();
+    let mut t = timing();
+    // One store for the mesh (sidecars on different stores refuse to link).
+    t.extend([
+        "--backend".to_string(),
+        format!("sqlite://{}", root.path().join("shared.db").display()),
+    ]);
+    let refs: Vec<&str> = t.iter().map(String::as_str).collect();
+    let _c = Sidecar::start_at(&root.path().join("c"), c_addr, &refs);
+    let c = c_addr.to_string();
+    let with_peer = [&refs[..], &["--peer", c.as_str()][..]].concat();
+    let a = Sidecar::start(&dir_a, &with_peer);
+    let b = Sidecar::start(&dir_b, &with_peer);
+    until(Duration::from_secs(10), || async {
+        list(a.addr).await.duplicate_node_key || list(b.addr).await.duplicate_node_key
+    })
+    .await
+    .expect("one of the twins reports the duplicate node key");
+    let twin = if list(a.addr).await.duplicate_node_key {
+        &a
+    } else {
+        &b
+    };
+    let l = list(twin.addr).await;
+    assert_eq!(l.duplicate_instance, l.self_.as_ref().unwrap().instance);
+    let metrics = common::http_get(twin.admin, "/metrics", None).await;
+    assert!(
+        metrics.contains("anarchon_mesh_duplicate_node_key 1"),
+        "{metrics}"
+    );
+    let log = std::fs::read_to_string(&twin.log).unwrap();
+    assert!(
+        log.contains("another process is running with this node key"),
+        "{log}"
+    );
+    let out = std::process::Command::new(common::process::BIN)
+        .args(["peers", "--server", &twin.addr.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("duplicate node key"), "{text}");
+}
+
 fn _unused(_: HashMap<(), ()>) {}

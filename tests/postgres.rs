@@ -214,7 +214,12 @@ async fn concurrent_start_on_a_fresh_prefix() {
     .fetch_all(&admin)
     .await
     .unwrap();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
+    // One database and prefix, one store identity (made once by migration 4).
+    let ids: std::collections::BTreeSet<&str> =
+        stores.iter().map(|s| s.info().identity.as_str()).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(ids.iter().all(|id| id.starts_with("postgres:")), "{ids:?}");
     let j = job("start");
     let slot = host_now_ms();
     for (i, s) in stores.iter().enumerate() {
@@ -241,9 +246,12 @@ async fn prune_in_batches_keeps_future_slots() {
         return;
     }
     let prefix = pg::prefix();
-    let s = store::open(&pg::backend(&prefix), &StoreOptions::default())
-        .await
-        .unwrap();
+    // Slots up to two days ahead (beyond the default max_future of one day).
+    let opts = StoreOptions {
+        max_future: std::time::Duration::from_secs(3 * 86_400),
+        ..StoreOptions::default()
+    };
+    let s = store::open(&pg::backend(&prefix), &opts).await.unwrap();
     let j = job("prune");
     let now = host_now_ms();
     let day = 86_400_000;

@@ -153,6 +153,9 @@ async fn peers_link_over_mtls() {
             p.ca.clone(),
             "--peer".into(),
             peer.to_string(),
+            // One store for the mesh (sidecars on different stores refuse to link).
+            "--backend".into(),
+            format!("sqlite://{}", dir.path().join("shared.db").display()),
             "--heartbeat-ms".into(),
             "100".into(),
             "--expiry-ms".into(),
@@ -217,7 +220,16 @@ async fn bearer_token_guards_the_application_api_and_the_mesh_secret_guards_link
     let t = token.display().to_string();
     let s = secret.display().to_string();
     let w = wrong.display().to_string();
-    let timing = ["--heartbeat-ms", "100", "--expiry-ms", "1000"];
+    // One store for the mesh (sidecars on different stores refuse to link).
+    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let timing = [
+        "--heartbeat-ms",
+        "100",
+        "--expiry-ms",
+        "1000",
+        "--backend",
+        db.as_str(),
+    ];
     let sa = Sidecar::start_at(
         &dir.path().join("a"),
         a,

@@ -20,7 +20,7 @@ import yaml
 KNOWN_KEYS = {
     "listen", "admin_listen", "data_dir", "backend", "peer", "peer_dns",
     "advertise", "heartbeat_ms", "expiry_ms", "lease_ms", "max_lease_ms",
-    "max_late_ms", "max_attempts", "overlap", "max_wait_ms", "label",
+    "max_late_ms", "max_attempts", "overlap", "max_wait_ms", "max_future_ms", "label",
     "retention_ms", "busy_timeout_ms", "drain_ms", "log_format",
     "max_runtimes", "max_frame_bytes", "watch_buffer", "tls_cert", "tls_key",
     "tls_client_ca", "mesh_secret_file", "auth_token_file",

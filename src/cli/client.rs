@@ -77,13 +77,37 @@ async fn connect_or_report(opts: &ClientOpts) -> Result<(ClaimsClient, MeshClien
     connect(opts).await.map_err(|e| fail(opts.json, e))
 }
 
-/// Parses `--slot`: epoch milliseconds, or `now`.
+/// The `--slot` forms, for messages and `--help`.
+pub const SLOT_FORMS: &str =
+    "epoch milliseconds, or `now/PERIOD` — this host's clock rounded down \
+     to a whole PERIOD since the epoch (UTC): now/1m, now/5m, now/1h, now/1d, any now/<duration>";
+
+/// Parses `--slot`: epoch milliseconds, or `now/PERIOD`.
 pub fn parse_slot(s: &str) -> Result<i64, String> {
+    slot_at(s, crate::claim::host_now_ms())
+}
+
+/// [`parse_slot`] with the current time given. A bare `now` is refused: it
+/// is a new slot every millisecond, so two instances claiming "the same"
+/// run at once would both win.
+fn slot_at(s: &str, now_ms: i64) -> Result<i64, String> {
     if s == "now" {
-        return Ok(crate::claim::host_now_ms());
+        return Err(format!(
+            "a bare `now` is a different slot every millisecond (two instances would both win); \
+             use {SLOT_FORMS}"
+        ));
+    }
+    if let Some(period) = s.strip_prefix("now/") {
+        let period = humantime::parse_duration(period)
+            .map_err(|e| format!("{s:?}: bad period ({e}); use {SLOT_FORMS}"))?;
+        let period = i64::try_from(period.as_millis())
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{s:?}: the period must be at least 1ms"))?;
+        return Ok(now_ms - now_ms.rem_euclid(period));
     }
     s.parse::<i64>()
-        .map_err(|_| format!("{s:?} is not epoch milliseconds or `now`"))
+        .map_err(|_| format!("{s:?} is not a slot; use {SLOT_FORMS}"))
 }
 
 /// Prints a gRPC error (text or JSON) and returns exit status 1.
@@ -140,7 +164,9 @@ fn state_name(s: i32) -> &'static str {
 pub struct ClaimOpts {
     /// The job name.
     pub job: String,
-    /// The slot: epoch milliseconds, or `now`. 0 is a lock not tied to time.
+    /// The slot: epoch milliseconds, or now/PERIOD (now/1m, now/5m, now/1h,
+    /// now/1d: this host's clock rounded down to the period). 0 is a lock
+    /// not tied to time.
     #[arg(long, default_value = "0", value_parser = parse_slot)]
     pub slot: i64,
     /// Resend with this token (32 hex) instead of a new one.
@@ -439,7 +465,20 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
             let all: Vec<&pb::Peer> = r.self_.iter().chain(r.peers.iter()).collect();
             if json {
                 let v: Vec<_> = all.iter().map(|p| peer_json(p)).collect();
-                println!("{}", json!({"peers": v}));
+                let refused: Vec<_> = r
+                    .refused
+                    .iter()
+                    .map(|x| {
+                        json!({"node": x.node, "address": x.address, "reason": x.reason,
+                               "store_identity": x.store_identity, "age_ms": x.age_ms})
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"peers": v, "refused": refused, "store_identity": r.store_identity,
+                           "duplicate_node_key": r.duplicate_node_key,
+                           "duplicate_instance": r.duplicate_instance})
+                );
             } else {
                 println!(
                     "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} ADDRESS",
@@ -465,6 +504,31 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
                         link,
                         format!("{:.1}s ago", p.beat_age_ms as f64 / 1000.0),
                         p.address
+                    );
+                }
+                for x in &r.refused {
+                    println!(
+                        "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}",
+                        x.node,
+                        "-",
+                        "-",
+                        "REFUSED",
+                        "NONE",
+                        format!("{:.1}s ago", x.age_ms as f64 / 1000.0),
+                        x.address
+                    );
+                }
+                for x in &r.refused {
+                    println!(
+                        "refused {} ({}): {}: it claims in store {}, this sidecar in store {}",
+                        x.node, x.address, x.reason, x.store_identity, r.store_identity
+                    );
+                }
+                if r.duplicate_node_key {
+                    println!(
+                        "duplicate node key: another live process runs with this sidecar's node \
+                         key (instance {}; a shared data dir or a copied node.key): stop one of them",
+                        r.duplicate_instance
                     );
                 }
             }
@@ -528,5 +592,32 @@ pub async fn watch(a: WatchArgs) -> ExitCode {
             Ok(None) => return ExitCode::SUCCESS,
             Err(st) => return print_status(json, &st),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_at;
+
+    #[test]
+    fn now_rounds_down_to_the_period() {
+        let t = 1_796_000_123_456; // 2026-11-30T00:55:23.456Z
+        assert_eq!(slot_at("now/1m", t), Ok(1_796_000_100_000));
+        assert_eq!(slot_at("now/5m", t), Ok(1_796_000_100_000));
+        assert_eq!(slot_at("now/1h", t), Ok(1_795_996_800_000));
+        assert_eq!(slot_at("now/1d", t), Ok(1_795_996_800_000));
+        assert_eq!(slot_at("now/1s", t), Ok(1_796_000_123_000));
+        // Two claims a few ms apart name the same slot.
+        assert_eq!(slot_at("now/1m", t), slot_at("now/1m", t + 7));
+        assert_eq!(slot_at("1796000000000", t), Ok(1_796_000_000_000));
+    }
+
+    #[test]
+    fn bare_now_and_bad_periods_are_refused_naming_the_forms() {
+        let e = slot_at("now", 5).unwrap_err();
+        assert!(e.contains("now/1m") && e.contains("now/1d"), "{e}");
+        assert!(slot_at("now/0s", 5).unwrap_err().contains("at least 1ms"));
+        assert!(slot_at("now/xyz", 5).unwrap_err().contains("now/5m"));
+        assert!(slot_at("soon", 5).unwrap_err().contains("now/1h"));
     }
 }

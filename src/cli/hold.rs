@@ -1,7 +1,9 @@
 //! `anarchon hold JOB [--slot S] -- CMD…`: claim through a `Hold` stream; if
 //! won, run CMD while the sidecar renews the lease; stop CMD (SIGTERM, then
-//! SIGKILL after `--grace-ms`) if the lease is lost; release SUCCEEDED or
-//! FAILED by CMD's exit status.
+//! SIGKILL after `--grace-ms`, to its whole process group) if the lease is
+//! lost; SIGKILL the group at once if the hold stream ends for any other
+//! reason (the sidecar has ended the lease then); release SUCCEEDED or
+//! FAILED by CMD's exit status. CMD dies with `hold` (see [`super::group`]).
 //!
 //! CMD sees `ANARCHON_JOB`, `ANARCHON_SLOT_MS`, `ANARCHON_ATTEMPT`,
 //! `ANARCHON_FENCING` and `ANARCHON_TOKEN`.
@@ -9,13 +11,12 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::Args;
-use serde_json::json;
-use tokio::process::{Child, Command};
-
 use super::client::{claim_json, claim_text, connect, ClaimOpts, ClaimsClient};
+use super::group::{self, terminate};
 use super::{print_status, ClientOpts, EXIT_LEASE_LOST, EXIT_NOT_WON};
 use crate::proto as pb;
+use clap::Args;
+use serde_json::json;
 
 #[derive(Debug, Args)]
 pub struct HoldArgs {
@@ -52,20 +53,10 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().unwrap_or(1)
 }
 
-/// SIGTERM, then SIGKILL after `grace`.
-pub async fn terminate(child: &mut Child, grace: Duration) {
-    #[cfg(unix)]
-    if let Some(pid) = child.id() {
-        use nix::sys::signal::{kill, Signal};
-        use nix::unistd::Pid;
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
-            return;
-        }
-    }
-    let _ = child.start_kill();
-    let _ = child.wait().await;
-}
+/// How long a command told `LOST_LEASE` has between SIGTERM and SIGKILL
+/// (at most `--grace-ms`): a leaving sidecar lets its peers take over
+/// 100 ms after it told its holds, a cut-off one its margin later.
+const LOST_GRACE: Duration = Duration::from_millis(100);
 
 /// The local deadline of a hold event: `sent` (when the Hold request was
 /// sent) plus `hold_valid_for_ms`, or `None` when the sidecar did not say.
@@ -88,18 +79,19 @@ pub async fn run_held(
     grace: Duration,
     (sent, first_deadline): (Instant, Option<Instant>),
 ) -> std::io::Result<Ended> {
-    let (prog, args) = cmd
-        .split_first()
-        .ok_or_else(|| std::io::Error::other("no command given"))?;
-    let mut child = Command::new(prog)
-        .args(args)
-        .env("ANARCHON_JOB", job)
-        .env("ANARCHON_SLOT_MS", slot_ms.to_string())
-        .env("ANARCHON_ATTEMPT", won.attempt.to_string())
-        .env("ANARCHON_FENCING", won.fencing.to_string())
-        .env("ANARCHON_TOKEN", &won.token)
-        .kill_on_drop(true)
-        .spawn()?;
+    // The command runs as its own process group under a supervisor that
+    // dies with us and takes the group along (see `super::group`).
+    let mut child = group::spawn(
+        cmd,
+        &[
+            ("ANARCHON_JOB", job.to_owned()),
+            ("ANARCHON_SLOT_MS", slot_ms.to_string()),
+            ("ANARCHON_ATTEMPT", won.attempt.to_string()),
+            ("ANARCHON_FENCING", won.fencing.to_string()),
+            ("ANARCHON_TOKEN", won.token.clone()),
+        ],
+        grace,
+    )?;
     let stop = super::serve::shutdown_signal();
     tokio::pin!(stop);
     let mut deadline = first_deadline;
@@ -137,15 +129,19 @@ pub async fn run_held(
                     Ok(Some(ev)) if ev.kind == pb::HoldEventKind::LostLease as i32 => {
                         tracing::warn!(reason = %ev.reason, "lease lost; stopping the command");
                         eprintln!("anarchon: lease lost ({}); stopping the command", ev.reason);
-                        terminate(&mut child, grace).await;
+                        // The run may be someone else's within the sidecar's
+                        // margin (100 ms on a leave): no long grace here.
+                        terminate(&mut child, grace.min(LOST_GRACE)).await;
                         return Ok(Ended::LeaseLost);
                     }
                     Ok(Some(_)) => {}
                     Ok(None) | Err(_) => {
-                        // The sidecar went away: we cannot know whether we
-                        // still hold the run, so stop working.
-                        eprintln!("anarchon: the hold stream to the sidecar broke; stopping the command");
-                        terminate(&mut child, grace).await;
+                        // The watchdog. A Hold stream that ends without a
+                        // release ends the lease at once on the sidecar (so
+                        // does a sidecar that leaves on SIGTERM), and the
+                        // next claimer may win within milliseconds: no grace.
+                        eprintln!("anarchon: the hold stream to the sidecar ended; killing the command");
+                        group::kill_now(&mut child).await;
                         return Ok(Ended::LeaseLost);
                     }
                 }

@@ -7,6 +7,7 @@
 pub mod bench;
 mod client;
 pub mod cron;
+pub mod group;
 mod hold;
 mod serve;
 
@@ -27,7 +28,7 @@ pub const EXIT_LEASE_LOST: u8 = 4;
     name = "anarchon",
     version,
     about = "Tells a fleet who owns a piece of work and who is alive.",
-    after_help = "Run `anarchon serve` next to each application instance (SQLite, no setup), then e.g.\n  anarchon claim nightly-report --slot now\n  anarchon hold nightly-report --slot now -- ./report.sh\n  anarchon cron '*/5 * * * *' --job nightly-report --tz Europe/Prague --max-late 30s --lease 2m --overlap skip -- ./report.sh"
+    after_help = "Run `anarchon serve` next to each application instance (SQLite, no setup), then e.g.\n  anarchon claim nightly-report --slot now/1d\n  anarchon hold nightly-report --slot now/1d -- ./report.sh\n  anarchon cron '*/5 * * * *' --job nightly-report --tz Europe/Prague --max-late 30s --lease 2m --overlap skip -- ./report.sh"
 )]
 pub struct Cli {
     #[command(subcommand)]

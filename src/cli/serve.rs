@@ -62,6 +62,9 @@ pub struct ServeArgs {
     /// Largest wait_ms a caller may ask for [default: 300000].
     #[arg(long, value_name = "N")]
     pub max_wait_ms: Option<u64>,
+    /// Slots further ahead of the store's clock are refused [default: 86400000].
+    #[arg(long, value_name = "N")]
+    pub max_future_ms: Option<u64>,
     /// A label K=V shown to peers; repeatable.
     #[arg(long, value_name = "K=V")]
     pub label: Vec<String>,
@@ -117,6 +120,7 @@ impl ServeArgs {
             ("max_attempts", self.max_attempts.map(Value::from)),
             ("overlap", s(&self.overlap)),
             ("max_wait_ms", self.max_wait_ms.map(Value::from)),
+            ("max_future_ms", self.max_future_ms.map(Value::from)),
             ("retention_ms", self.retention_ms.map(Value::from)),
             ("busy_timeout_ms", self.busy_timeout_ms.map(Value::from)),
             ("drain_ms", self.drain_ms.map(Value::from)),
@@ -153,6 +157,12 @@ pub fn serve(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
         }
     };
     crate::telemetry::init(&cfg.log_format);
+    // Refuse a second process on this data dir before binding anything, with
+    // the owner's pid (`run` takes the lock for good).
+    if let Err(e) = crate::mesh::identity::DataDirLock::acquire(&cfg.data_dir) {
+        eprintln!("anarchon: {e}");
+        return ExitCode::FAILURE;
+    }
     rt.block_on(async move {
         let listeners = match Listeners::bind(&cfg).await {
             Ok(l) => l,
@@ -210,6 +220,7 @@ pub fn check(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
         let opts = crate::store::StoreOptions {
             retention: cfg.retention(),
             busy_timeout: std::time::Duration::from_millis(cfg.busy_timeout_ms),
+            max_future: std::time::Duration::from_millis(cfg.max_future_ms),
         };
         let url = cfg.backend_url();
         match crate::store::open(&url, &opts).await {

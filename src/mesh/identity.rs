@@ -29,6 +29,57 @@ pub enum IdentityError {
         "{path} is malformed ({why}); refusing to replace it — move it away to make a new node"
     )]
     Malformed { path: PathBuf, why: String },
+    /// Another live process holds the data dir's lock.
+    #[error("data dir {} is in use by pid {pid}", dir.display())]
+    InUse { dir: PathBuf, pid: String },
+}
+
+const LOCK_FILE: &str = "serve.lock";
+
+/// An exclusive `flock` on `<data_dir>/serve.lock`, held for the life of a
+/// `serve` process, so that two processes never run as the same node (the
+/// second would bump the instance and make the peers treat the live first
+/// one as superseded). The file holds the pid of the owner. The kernel drops
+/// the lock when the process dies, however it dies.
+#[derive(Debug)]
+pub struct DataDirLock {
+    _file: File,
+}
+
+impl DataDirLock {
+    /// Takes the lock without waiting; [`IdentityError::InUse`] names the pid
+    /// of the process holding it.
+    pub fn acquire(data_dir: &Path) -> Result<DataDirLock, IdentityError> {
+        fs::create_dir_all(data_dir).map_err(io(data_dir))?;
+        let path = data_dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let pid = fs::read_to_string(&path).unwrap_or_default();
+                let pid = match pid.trim() {
+                    "" => "unknown".to_owned(),
+                    p => p.to_owned(),
+                };
+                return Err(IdentityError::InUse {
+                    dir: data_dir.to_owned(),
+                    pid,
+                });
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io(&path)(e)),
+        }
+        file.set_len(0).map_err(io(&path))?;
+        file.write_all(format!("{}\n", std::process::id()).as_bytes())
+            .map_err(io(&path))?;
+        file.sync_all().map_err(io(&path))?;
+        Ok(DataDirLock { _file: file })
+    }
 }
 
 pub struct Identity {
@@ -212,6 +263,23 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn a_second_data_dir_lock_is_refused_with_the_owner_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DataDirLock::acquire(dir.path()).unwrap();
+        let e = DataDirLock::acquire(dir.path()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "data dir {} is in use by pid {}",
+                dir.path().display(),
+                std::process::id()
+            )
+        );
+        drop(first);
+        DataDirLock::acquire(dir.path()).unwrap();
     }
 
     #[test]

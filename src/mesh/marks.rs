@@ -36,6 +36,8 @@ pub enum Refusal {
     NoHello,
     /// A runtime opened more links than allowed.
     TooManyLinks,
+    /// A runtime claims in another store than ours.
+    StoreMismatch,
 }
 
 impl Refusal {
@@ -53,6 +55,7 @@ impl Refusal {
             Refusal::BadProof => "bad_proof",
             Refusal::NoHello => "no_hello",
             Refusal::TooManyLinks => "too_many_links",
+            Refusal::StoreMismatch => "store_mismatch",
         }
     }
 
@@ -123,6 +126,7 @@ pub fn sign_hello(id: &Identity, address: &str, secret: Option<&str>) -> pb::Hel
         nonce: nonce.to_vec(),
         address: address.to_owned(),
         mesh_secret: secret.unwrap_or_default().to_owned(),
+        store_identity: String::new(),
     }
 }
 

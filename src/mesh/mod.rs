@@ -1,6 +1,7 @@
 //! The mesh: who is alive, on local monotonic clocks only (SPEC §4).
 //!
-//! * [`identity`]: the Ed25519 node key and the instance generation.
+//! * [`identity`]: the Ed25519 node key, the instance generation, and the
+//!   data dir lock (one `serve` per data dir).
 //! * [`marks`]: signed beats and hellos; verification; refusal reasons.
 //! * [`table`]: the pure liveness table (marks in, states out).
 //! * [`node`]: the I/O around it: beats, `Sync` links, dialing with backoff,

@@ -49,6 +49,9 @@ pub struct MeshConfig {
     /// The source address of our dials: the listen IP, when it is a
     /// specific one (so a peer sees our links come from our own address).
     pub bind_ip: Option<std::net::IpAddr>,
+    /// The store identity announced in the hello (`StoreInfo::identity`).
+    /// Peers announcing another one are refused as links; empty: no check.
+    pub store_identity: String,
 }
 
 impl MeshConfig {
@@ -73,6 +76,7 @@ impl MeshConfig {
             watch_buffer: c.watch_buffer,
             max_links_per_peer: c.max_links_per_peer,
             tls,
+            store_identity: String::new(),
         }
     }
 }
@@ -105,6 +109,39 @@ pub struct Mesh {
     /// Bumped when a peer dies or nudges us: waiters re-check the store.
     runs_changed: watch::Sender<u64>,
     nudges: broadcast::Sender<pb::Nudge>,
+    /// Runtimes refused as links because they claim in another store.
+    refused: Mutex<HashMap<String, RefusedLink>>,
+}
+
+/// A runtime refused as a link, for `peers`, `/readyz` and the dashboard.
+#[derive(Debug, Clone)]
+struct RefusedLink {
+    address: String,
+    reason: Refusal,
+    store_identity: String,
+    at: Instant,
+    /// Known from its own hello (proof of key), not just from what the
+    /// runtime we dialed said about itself when it refused us.
+    verified: bool,
+}
+
+/// The gRPC status of a hello refused for being on another store. The
+/// dialer reads our node and store identity from its metadata.
+fn store_mismatch_status(node: &str, ours: &str, theirs: &str) -> Status {
+    let mut st = Status::failed_precondition(format!(
+        "store_mismatch: this sidecar claims in store {ours}, you claim in store {theirs}; \
+         sidecars of one mesh must share one store"
+    ));
+    for (k, v) in [
+        ("anarchon-reason", "store_mismatch"),
+        ("anarchon-node", node),
+        ("anarchon-store-identity", ours),
+    ] {
+        if let Ok(v) = v.parse() {
+            st.metadata_mut().insert(k, v);
+        }
+    }
+    st
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -174,6 +211,7 @@ impl Mesh {
             stop,
             runs_changed,
             nudges,
+            refused: Mutex::new(HashMap::new()),
         });
         tokio::spawn(mesh.clone().beat_loop());
         tokio::spawn(mesh.clone().discovery_loop());
@@ -183,6 +221,11 @@ impl Mesh {
 
     pub fn node(&self) -> &str {
         &self.id.node
+    }
+
+    /// The store identity this runtime announces in its hello.
+    pub fn store_identity(&self) -> &str {
+        &self.cfg.store_identity
     }
 
     fn stopped(&self) -> bool {
@@ -249,12 +292,6 @@ impl Mesh {
                 });
             }
         }
-        if table.duplicate_key_seen() {
-            tracing::error!(
-                node = %self.id.node,
-                "ANOTHER PROCESS IS RUNNING WITH THIS NODE KEY: two runtimes share one data dir or key file; stop one of them"
-            );
-        }
     }
 
     fn wake_waiters(&self) {
@@ -305,10 +342,117 @@ impl Mesh {
 
     pub fn list(&self) -> pb::ListPeersResponse {
         let now = Instant::now();
+        let (peers, duplicate_node_key, duplicate_instance) = {
+            let table = lock(&self.table);
+            (
+                table.peers(now),
+                table.duplicate_key_seen(),
+                table.duplicate_instance().unwrap_or_default(),
+            )
+        };
         pb::ListPeersResponse {
             self_: Some(self.self_peer(now)),
-            peers: lock(&self.table).peers(now),
+            peers,
+            duplicate_node_key,
+            duplicate_instance,
+            store_identity: self.cfg.store_identity.clone(),
+            refused: self.refused_peers(now),
         }
+    }
+
+    /// Runtimes refused as links within the last expiry, newest first.
+    pub fn refused_peers(&self, now: Instant) -> Vec<pb::RefusedPeer> {
+        let mut out: Vec<_> = lock(&self.refused)
+            .iter()
+            .filter(|(_, r)| now.saturating_duration_since(r.at) < self.cfg.expiry)
+            .map(|(node, r)| pb::RefusedPeer {
+                node: node.clone(),
+                address: r.address.clone(),
+                reason: r.reason.as_str().to_owned(),
+                store_identity: r.store_identity.clone(),
+                age_ms: now.saturating_duration_since(r.at).as_millis() as i64,
+            })
+            .collect();
+        out.sort_by_key(|r| r.age_ms);
+        out
+    }
+
+    /// Refuses a peer that claims in another store than ours: counted as
+    /// `store_mismatch`, logged with both identities, remembered for
+    /// `peers`/`/readyz`, and — when `verified` (we checked its hello's proof
+    /// of key) — dropped from the table with its marks ignored, so that it
+    /// never counts as a dead holder here (its runs live in its own store).
+    fn refuse_store_mismatch(&self, node: &str, address: &str, theirs: &str, verified: bool) {
+        let now = Instant::now();
+        let first = {
+            let mut refused = lock(&self.refused);
+            // Bounded: only recent refusals are kept (and at most max_runtimes).
+            refused.retain(|_, r| now.saturating_duration_since(r.at) < self.cfg.expiry);
+            if refused.len() >= self.cfg.max_runtimes && !refused.contains_key(node) {
+                return;
+            }
+            // Once known from its own hello, it stays so while it keeps trying.
+            let was_verified = refused.get(node).is_some_and(|r| r.verified);
+            refused
+                .insert(
+                    node.to_owned(),
+                    RefusedLink {
+                        address: address.to_owned(),
+                        reason: Refusal::StoreMismatch,
+                        store_identity: theirs.to_owned(),
+                        at: now,
+                        verified: verified || was_verified,
+                    },
+                )
+                .is_none()
+        };
+        {
+            let mut table = lock(&self.table);
+            table.count_refusal(Refusal::StoreMismatch);
+            if verified {
+                table.forget(node);
+            }
+        }
+        if first {
+            tracing::error!(
+                peer = %node, %address, ours = %self.cfg.store_identity, theirs = %theirs,
+                "refused a peer on another store: sidecars of one mesh must share one store, \
+                 or each one's claims can be won again through the other"
+            );
+        }
+    }
+
+    /// Whether a hello announces another store than ours (either side may
+    /// leave it empty: nothing to compare). A hello on our store clears an
+    /// earlier refusal of that runtime (its operator fixed its store).
+    fn other_store(&self, hello: &pb::Hello) -> bool {
+        let other = !self.cfg.store_identity.is_empty()
+            && !hello.store_identity.is_empty()
+            && hello.store_identity != self.cfg.store_identity;
+        if !other {
+            lock(&self.refused).remove(&hello.node);
+        }
+        other
+    }
+
+    /// Whether `node` was refused as a link, on its own hello, within the
+    /// last expiry.
+    fn recently_refused(
+        refused: &HashMap<String, RefusedLink>,
+        node: &str,
+        now: Instant,
+        expiry: Duration,
+    ) -> bool {
+        refused
+            .get(node)
+            .is_some_and(|r| r.verified && now.saturating_duration_since(r.at) < expiry)
+    }
+
+    /// This runtime's hello, with a fresh nonce.
+    fn hello(&self) -> pb::Hello {
+        let mut h = sign_hello(&self.id, &self.cfg.advertise, self.cfg.secret.as_deref());
+        h.store_identity = self.cfg.store_identity.clone();
+        h
     }
 
     /// A `WatchPeers` stream: a SNAPSHOT per runtime, then changes. A watcher
@@ -443,6 +587,12 @@ impl Mesh {
             "refused": drops,
             "beats_accepted": table.beats_accepted(),
             "duplicate_node_key": table.duplicate_key_seen(),
+            "duplicate_instance": table.duplicate_instance(),
+            "store_identity": self.cfg.store_identity,
+            "refused_peers": self.refused_peers(now).iter().map(|r| serde_json::json!({
+                "node": r.node, "address": r.address, "reason": r.reason,
+                "store_identity": r.store_identity, "age_ms": r.age_ms,
+            })).collect::<Vec<_>>(),
             "heartbeat_ms": self.cfg.heartbeat.as_millis() as u64,
             "expiry_ms": self.cfg.expiry.as_millis() as u64,
         })
@@ -479,6 +629,7 @@ impl Mesh {
                 .map(|(r, n)| (r.as_str(), *n))
                 .collect(),
             beats: table.beats_accepted(),
+            duplicate_node_key: table.duplicate_key_seen(),
         }
     }
 
@@ -533,6 +684,14 @@ impl Mesh {
         if hello.node == self.id.node {
             return Err(Status::failed_precondition("self: this address is my own"));
         }
+        if self.other_store(&hello) {
+            self.refuse_store_mismatch(&hello.node, &hello.address, &hello.store_identity, true);
+            return Err(store_mismatch_status(
+                &self.id.node,
+                &self.cfg.store_identity,
+                &hello.store_identity,
+            ));
+        }
         let inbound_links = lock(&self.links)
             .values()
             .filter(|l| l.node == hello.node && !l.outbound)
@@ -545,11 +704,7 @@ impl Mesh {
         }
         let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
         let _ = tx.try_send(pb::SyncFrame {
-            frame: Some(pb::sync_frame::Frame::Hello(sign_hello(
-                &self.id,
-                &self.cfg.advertise,
-                self.cfg.secret.as_deref(),
-            ))),
+            frame: Some(pb::sync_frame::Frame::Hello(self.hello())),
         });
         let address = hello.address.clone();
         tokio::spawn(self.clone().run_link(hello, address, false, inbound, tx));
@@ -673,8 +828,22 @@ impl Mesh {
                 return;
             }
             table.touch_direct(from, now);
+            let refused = lock(&self.refused);
             for m in &marks {
-                match table.ingest(m, Some(from), now) {
+                if Self::recently_refused(&refused, &m.node, now, self.cfg.expiry) {
+                    continue;
+                }
+                let twin_before = table.duplicate_key_seen();
+                let ingested = table.ingest(m, Some(from), now);
+                if !twin_before && table.duplicate_key_seen() {
+                    tracing::error!(
+                        node = %self.id.node, instance = self.id.instance,
+                        other_instance = m.instance, other_address = %m.address, via = %from,
+                        "another process is running with this node key (a shared data dir or a \
+                         copied node.key): its claims and ours look like one runtime; stop one of them"
+                    );
+                }
+                match ingested {
                     Ok(Some(c)) => changes.push((m.node.clone(), c)),
                     Ok(None) => {}
                     Err(r) if r.is_suspicious() => {
@@ -817,7 +986,7 @@ impl Mesh {
             .max_decoding_message_size(self.cfg.max_frame_bytes)
             .max_encoding_message_size(self.cfg.max_frame_bytes);
         let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
-        let hello = sign_hello(&self.id, &self.cfg.advertise, self.cfg.secret.as_deref());
+        let hello = self.hello();
         let _ = tx.try_send(pb::SyncFrame {
             frame: Some(pb::sync_frame::Frame::Hello(hello)),
         });
@@ -827,6 +996,27 @@ impl Mesh {
         let mut inbound = match resp {
             Ok(r) => r.into_inner(),
             Err(st) if st.message().starts_with("self") => return Err(DialError::IsSelf),
+            Err(st) if st.message().starts_with("store_mismatch") => {
+                let meta = |k: &str| {
+                    st.metadata()
+                        .get(k)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                let node = meta("anarchon-node");
+                if !node.is_empty() {
+                    // Unverified (it refused before sending its hello):
+                    // shown and counted, but it changes nothing else.
+                    self.refuse_store_mismatch(
+                        &node,
+                        addr,
+                        &meta("anarchon-store-identity"),
+                        false,
+                    );
+                }
+                return Err(other(&st));
+            }
             Err(st) => {
                 if matches!(
                     st.code(),
@@ -847,6 +1037,10 @@ impl Mesh {
         }
         if hello.node == self.id.node {
             return Err(DialError::IsSelf);
+        }
+        if self.other_store(&hello) {
+            self.refuse_store_mismatch(&hello.node, addr, &hello.store_identity, true);
+            return Err(DialError::Other("peer refused: store_mismatch".into()));
         }
         // One link per pair: the higher node drops its own dial when the
         // lower one's link is already up.
@@ -926,6 +1120,8 @@ pub struct MeshCounters {
     pub links: BTreeMap<&'static str, i64>,
     pub drops: BTreeMap<&'static str, u64>,
     pub beats: u64,
+    /// Another live process runs with our node key.
+    pub duplicate_node_key: bool,
 }
 
 impl crate::liveness::MeshView for Mesh {

@@ -175,7 +175,12 @@ impl PeerTable {
             return Err(self.drop_mark(r));
         }
         if mark.node == self.self_node {
-            if mark.instance != self.self_instance {
+            // Our own mark relayed back carries our instance and address; a
+            // different instance, or our instance from another address (a
+            // copied data dir starts at the same instance), is someone else.
+            let own_address = self.own.as_ref().map(|(m, _)| m.address.as_str());
+            if mark.instance != self.self_instance || own_address.is_some_and(|a| a != mark.address)
+            {
                 // Another process with our key? Only a *rising* beat of a
                 // foreign instance proves it is alive right now.
                 if matches!(self.foreign_self, Some((i, b)) if i == mark.instance && mark.beat > b)
@@ -453,6 +458,18 @@ impl PeerTable {
     /// Whether another live process with our node key has been seen.
     pub fn duplicate_key_seen(&self) -> bool {
         self.duplicate_key
+    }
+
+    /// Drops everything known about `node` (a runtime refused as a link).
+    pub fn forget(&mut self, node: &str) {
+        self.peers.remove(node);
+    }
+
+    /// The instance of the other process with our node key, once seen alive.
+    pub fn duplicate_instance(&self) -> Option<u64> {
+        self.foreign_self
+            .filter(|_| self.duplicate_key)
+            .map(|(i, _)| i)
     }
 }
 
@@ -825,6 +842,45 @@ mod tests {
         t.ingest(&mark(&twin, 2, 0), Some("b"), t0 + ms(100))
             .unwrap_err();
         assert!(t.duplicate_key_seen());
+        assert_eq!(t.duplicate_instance(), Some(me.instance + 1));
+    }
+
+    #[test]
+    fn duplicate_node_key_with_our_instance_is_told_by_its_address() {
+        // A copied data dir starts at the same instance as ours.
+        let dir = tempfile::tempdir().unwrap();
+        let me = Identity::load_or_create(dir.path()).unwrap();
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.set_own(sign_mark(&me, 5, false, "a:1", &BTreeMap::new()), t0);
+        // Our own marks relayed back are not a twin.
+        t.ingest(
+            &sign_mark(&me, 4, false, "a:1", &BTreeMap::new()),
+            Some("b"),
+            t0,
+        )
+        .unwrap_err();
+        t.ingest(
+            &sign_mark(&me, 5, false, "a:1", &BTreeMap::new()),
+            Some("b"),
+            t0,
+        )
+        .unwrap_err();
+        assert!(!t.duplicate_key_seen());
+        t.ingest(
+            &sign_mark(&me, 7, false, "z:9", &BTreeMap::new()),
+            Some("b"),
+            t0,
+        )
+        .unwrap_err();
+        t.ingest(
+            &sign_mark(&me, 8, false, "z:9", &BTreeMap::new()),
+            Some("b"),
+            t0,
+        )
+        .unwrap_err();
+        assert!(t.duplicate_key_seen());
+        assert_eq!(t.duplicate_instance(), Some(me.instance));
     }
 
     #[test]

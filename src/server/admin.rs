@@ -40,7 +40,24 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     match s.store.ping().await {
         Ok(()) => {
             s.metrics.store_up.set(1);
-            (StatusCode::OK, "ready\n".to_string())
+            // Linked to a runtime on another store: the mesh is split, and
+            // claims through one can be won again through the other.
+            let refused = s.mesh.refused_peers(std::time::Instant::now());
+            if refused.is_empty() {
+                return (StatusCode::OK, "ready\n".to_string());
+            }
+            let mut text = String::from("not ready:\n");
+            for r in refused {
+                text.push_str(&format!(
+                    "{}: peer {} at {} claims in store {}, this sidecar in store {}\n",
+                    r.reason,
+                    r.node,
+                    r.address,
+                    r.store_identity,
+                    s.mesh.store_identity()
+                ));
+            }
+            (StatusCode::SERVICE_UNAVAILABLE, text)
         }
         Err(e) => {
             s.metrics.store_up.set(0);

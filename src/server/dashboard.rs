@@ -214,6 +214,14 @@ fn stats(s: &AdminState) -> Value {
         "holds_open": s.metrics.holds_open.get(),
         "store": s.dashboard.store_health(&s.store, &s.metrics),
         "beats": beats,
+        // Mesh misconfigurations: a twin of this runtime, peers on another store.
+        "store_identity": list.store_identity,
+        "duplicate_node_key": list.duplicate_node_key,
+        "duplicate_instance": list.duplicate_instance,
+        "refused": list.refused.iter().map(|r| json!({
+            "node": r.node, "address": r.address, "reason": r.reason,
+            "store_identity": r.store_identity,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -339,6 +347,7 @@ mod tests {
                 max_links_per_peer: 4,
                 tls: None,
                 bind_ip: None,
+                store_identity: String::new(),
             },
             stop,
             changed,

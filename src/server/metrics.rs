@@ -51,6 +51,7 @@ pub struct Metrics {
     pub links: Family<StateLabels, Gauge>,
     pub beats: Counter,
     pub refused: Family<ReasonLabels, Counter>,
+    pub duplicate_node_key: Gauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -105,8 +106,15 @@ impl Default for Metrics {
             "Marks, frames and hellos refused, by reason",
             refused.clone(),
         );
+        let duplicate_node_key = Gauge::default();
+        r.register(
+            "mesh_duplicate_node_key",
+            "1 when another live process runs with this sidecar's node key",
+            duplicate_node_key.clone(),
+        );
         Metrics {
             registry: Mutex::new(r),
+            duplicate_node_key,
             peers,
             links,
             beats,
@@ -144,6 +152,7 @@ impl Metrics {
             self.links.get_or_create(&StateLabels { state }).set(n);
         }
         self.beats.inc_by(c.beats.saturating_sub(self.beats.get()));
+        self.duplicate_node_key.set(i64::from(c.duplicate_node_key));
         for (reason, n) in &c.drops {
             let ctr = self.refused.get_or_create(&ReasonLabels { reason });
             ctr.inc_by(n.saturating_sub(ctr.get()));

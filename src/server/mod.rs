@@ -1,11 +1,13 @@
 //! The sidecar process: [`run`] takes already-bound listeners, a validated
 //! [`Config`] and a shutdown future, and serves until the future resolves.
 //!
-//! Start-up: identity (node key + instance bump) → store (connect, migrate)
-//! → gRPC (Claims, Mesh, health, reflection) and admin HTTP. Shutdown
-//! (SIGTERM): health turns NOT_SERVING, waits stop, `Hold` streams end, the
-//! leases this runtime holds end at once (the next claimer takes each run
-//! over), and in-flight requests drain for up to `drain_ms`.
+//! Start-up: data dir lock (one process per data dir) → store (connect,
+//! migrate) → identity (node key + instance bump) → gRPC (Claims, Mesh,
+//! health, reflection) and admin HTTP. Shutdown
+//! (SIGTERM): health turns NOT_SERVING, waits stop, `Hold` streams end (and
+//! their clients get a moment to stop their commands), then the LEFT mark
+//! goes out and the leases this runtime holds end at once (the next claimer
+//! takes each run over), and in-flight requests drain for up to `drain_ms`.
 
 pub mod admin;
 pub mod auth;
@@ -28,6 +30,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::liveness::{Guard, GuardConfig};
+use crate::mesh::identity::DataDirLock;
 use crate::mesh::{Identity, Mesh, MeshConfig};
 use crate::proto as pb;
 use crate::store::{self, StoreOptions};
@@ -57,27 +60,41 @@ impl Listeners {
     }
 }
 
+/// On SIGTERM, how long `Hold` clients get between the end of their stream
+/// and the moment peers may take their runs over (the LEFT mark): `hold`
+/// kills its command's process group as soon as its stream ends.
+const HOLD_CLIENTS_MARGIN: Duration = Duration::from_millis(100);
+
 /// Serves until `shutdown` resolves, then drains.
 pub async fn run(
     cfg: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let identity =
-        Arc::new(Identity::load_or_create(&cfg.data_dir).context("cannot load the node identity")?);
-    let holder = identity.holder();
-    let grpc_addr = listeners.grpc.local_addr()?;
-    tracing::info!(node = %identity.node, instance = identity.instance, listen = %grpc_addr, "starting");
-
+    // One process per data dir, held until `run` returns; taken before the
+    // instance is bumped, and the store is opened before it too, so a start
+    // that fails leaves the instance where it was.
+    let _data_dir_lock = DataDirLock::acquire(&cfg.data_dir)?;
     let opts = StoreOptions {
         retention: cfg.retention(),
         busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
+        max_future: Duration::from_millis(cfg.max_future_ms),
     };
     let url = cfg.backend_url();
     let store = store::open(&url, &opts)
         .await
         .with_context(|| format!("cannot open backend {}", redact(&url)))?;
-    tracing::info!(backend = store.info().backend, "store ready");
+
+    let identity =
+        Arc::new(Identity::load_or_create(&cfg.data_dir).context("cannot load the node identity")?);
+    let holder = identity.holder();
+    let grpc_addr = listeners.grpc.local_addr()?;
+    tracing::info!(node = %identity.node, instance = identity.instance, listen = %grpc_addr, "starting");
+    tracing::info!(
+        backend = store.info().backend,
+        store_identity = %store.info().identity,
+        "store ready"
+    );
 
     let advertise = if cfg.advertise.is_empty() {
         grpc_addr.to_string()
@@ -100,17 +117,14 @@ pub async fn run(
     let (mesh_stop_tx, mesh_stop_rx) = watch::channel(false);
     let guard_stop = mesh_stop_rx.clone();
     let (changed, _) = watch::channel(0u64);
-    let mesh = Mesh::start(
-        identity.clone(),
-        MeshConfig::from_config(
-            &cfg,
-            advertise,
-            secret,
-            tls.as_ref().map(|t| t.peer_client.clone()),
-        ),
-        mesh_stop_rx,
-        changed.clone(),
+    let mut mesh_cfg = MeshConfig::from_config(
+        &cfg,
+        advertise,
+        secret,
+        tls.as_ref().map(|t| t.peer_client.clone()),
     );
+    mesh_cfg.store_identity = store.info().identity.clone();
+    let mesh = Mesh::start(identity.clone(), mesh_cfg, mesh_stop_rx, changed.clone());
 
     // Store-confirmed liveness (docs/safety.md): refresh our record before
     // serving, so the first claim can be promised a lease.
@@ -180,6 +194,7 @@ pub async fn run(
         let mesh = mesh.clone();
         let guard = guard.clone();
         let metrics = metrics.clone();
+        let drain = Duration::from_millis(cfg.drain_ms);
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("draining");
@@ -192,18 +207,20 @@ pub async fn run(
             health
                 .set_not_serving::<pb::claims_server::ClaimsServer<ClaimsService>>()
                 .await;
+            // End the Hold streams first and let their clients act on it
+            // (`hold` kills its command when its stream ends): the LEFT mark
+            // and the ended leases below let peers take the runs over at
+            // once, and a command must not still run then.
             let _ = drain_tx.send(true);
-            let told = async {
-                while metrics.holds_open.get() > 0 {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            };
-            if tokio::time::timeout(Duration::from_secs(1), told)
-                .await
-                .is_err()
-            {
-                tracing::warn!("some Hold streams did not end within 1 s of the drain");
+            // Each stream waits until its LOST_LEASE is written.
+            let until = tokio::time::Instant::now() + drain / 2;
+            while metrics.holds_open.get() > 0 && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            if metrics.holds_open.get() > 0 {
+                tracing::warn!("some Hold streams did not end within half the drain");
+            }
+            tokio::time::sleep(HOLD_CLIENTS_MARGIN.min(drain / 2)).await;
             // Then tell the peers, so they stop counting on us at once.
             mesh.leave().await;
             let ended = match store.leases() {

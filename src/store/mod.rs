@@ -15,6 +15,7 @@ use crate::claim::*;
 use crate::error::{Error, Result};
 
 mod broker;
+mod future;
 mod nats;
 mod postgres;
 mod rabbitmq;
@@ -40,6 +41,38 @@ pub struct StoreInfo {
     pub full_history: bool,
     /// How long a run is remembered, in words (shown in `History`).
     pub retention: String,
+    /// Which store this is, for the mesh hello: sidecars whose identities
+    /// differ do not share claims and refuse to link. An id kept in the
+    /// store (SQLite, PostgreSQL, Redis) or a hash of where the store lives
+    /// (RabbitMQ, NATS); never a credential. Empty: unknown (no check).
+    pub identity: String,
+}
+
+/// A store identity from where a store lives — host, port, database or
+/// vhost, and the key prefix — for stores that cannot keep an id of their
+/// own: `KIND:` and the first 16 bytes of SHA-256 in hex. The user name,
+/// password and query options are left out.
+pub fn address_identity(kind: &str, urls: &[&str], prefix: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut places = Vec::new();
+    for url in urls {
+        let rest = url.split_once("://").map_or(*url, |(_, r)| r);
+        let rest = rest.split(['?', '#']).next().unwrap_or_default();
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        for host in hosts.split(',').filter(|h| !h.is_empty()) {
+            places.push(format!("{host}/{path}").to_lowercase());
+        }
+    }
+    places.sort();
+    places.dedup();
+    let digest = Sha256::digest(format!("{kind}\0{}\0{prefix}", places.join(",")));
+    format!("{kind}:{}", hex::encode(&digest[..16]))
+}
+
+/// A fresh random store id (32 hex), for a store that keeps its own.
+pub fn new_store_id() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
 }
 
 /// Tunables every store may use.
@@ -49,6 +82,9 @@ pub struct StoreOptions {
     pub retention: Duration,
     /// SQLite: how long to wait for the write lock.
     pub busy_timeout: Duration,
+    /// Claims of slots further ahead of the store's clock are refused
+    /// (`INVALID_ARGUMENT` naming `slot_ms`) before the store writes anything.
+    pub max_future: Duration,
 }
 
 impl Default for StoreOptions {
@@ -56,6 +92,7 @@ impl Default for StoreOptions {
         StoreOptions {
             retention: Duration::from_secs(7 * 24 * 3600),
             busy_timeout: Duration::from_secs(5),
+            max_future: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -84,6 +121,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Is the store reachable?
     async fn ping(&self) -> Result<()>;
+
+    /// The store's clock, in epoch milliseconds: the `now` its claim step
+    /// uses. Stores whose clock is the host's (SQLite, RabbitMQ, NATS) keep
+    /// this default.
+    async fn now_ms(&self) -> Result<i64> {
+        Ok(host_now_ms())
+    }
 
     /// The lease capability, for backends that keep runs with leases and
     /// hand them over (`info().leases`). Once backends have none.
@@ -203,14 +247,17 @@ impl Backend {
 }
 
 /// Connects to the backend named by `url`, runs its migrations and returns it.
+/// Every store it returns refuses slots more than `opts.max_future` ahead
+/// of its clock ([`future::FutureGuard`]).
 pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
-    match Backend::parse(url)? {
-        Backend::Sqlite { path } => Ok(Arc::new(SqliteStore::open(&path, opts).await?)),
-        Backend::Redis(cfg) => redis::open(&cfg, opts).await,
-        Backend::Postgres(target) => Ok(Arc::new(PostgresStore::open(&target, opts).await?)),
-        b @ Backend::Amqp { .. } => Ok(Arc::new(RabbitStore::open(&b).await?)),
-        b @ Backend::Nats { .. } => Ok(Arc::new(NatsStore::open(&b).await?)),
-    }
+    let store: DynStore = match Backend::parse(url)? {
+        Backend::Sqlite { path } => Arc::new(SqliteStore::open(&path, opts).await?),
+        Backend::Redis(cfg) => redis::open(&cfg, opts).await?,
+        Backend::Postgres(target) => Arc::new(PostgresStore::open(&target, opts).await?),
+        b @ Backend::Amqp { .. } => Arc::new(RabbitStore::open(&b).await?),
+        b @ Backend::Nats { .. } => Arc::new(NatsStore::open(&b).await?),
+    };
+    Ok(Arc::new(future::FutureGuard::new(store, opts.max_future)))
 }
 
 /// Runs `prune` in small batches until nothing is left, then sleeps `every`
@@ -243,6 +290,23 @@ pub async fn prune_loop(store: DynStore, retention: Duration, every: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn address_identity_leaves_credentials_and_options_out() {
+        let a = address_identity("amqp", &["amqp://u:pw@h:5672/%2f?prefix=x"], "p");
+        assert_eq!(
+            a,
+            address_identity("amqp", &["amqp://other:pw2@H:5672/%2f"], "p")
+        );
+        assert_ne!(a, address_identity("amqp", &["amqp://h:5672/vh"], "p"));
+        assert_ne!(a, address_identity("amqp", &["amqp://h:5672/%2f"], "q"));
+        assert_ne!(a, address_identity("nats", &["amqp://h:5672/%2f"], "p"));
+        assert!(a.starts_with("amqp:") && !a.contains("pw"), "{a}");
+        assert_eq!(
+            address_identity("nats", &["nats://a:1,b:2"], "p"),
+            address_identity("nats", &["nats://b:2,a:1"], "p")
+        );
+    }
 
     #[test]
     fn backend_urls() {

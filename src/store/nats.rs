@@ -299,6 +299,7 @@ impl NatsStore {
                      max_age",
                     humantime::format_duration(Duration::from_millis(*duplicate_window_ms))
                 ),
+                identity: super::address_identity("nats", &[url], prefix),
             },
         })
     }

@@ -217,6 +217,7 @@ impl RabbitStore {
                      (its gate queue expires); no run history is kept",
                     humantime::format_duration(Duration::from_millis(*slot_ttl_ms))
                 ),
+                identity: super::address_identity("amqp", &[url], prefix),
             },
         };
         // Fail at start when the broker cannot be reached or refuses us.

@@ -63,6 +63,10 @@ impl SqliteStore {
             .await
             .map_err(convert)?;
         migrate(&pool, path).await?;
+        let id: String = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'store_id'")
+            .fetch_one(&pool)
+            .await
+            .map_err(convert)?;
         Ok(SqliteStore {
             pool,
             write: Mutex::new(()),
@@ -71,6 +75,7 @@ impl SqliteStore {
                 leases: true,
                 full_history: true,
                 retention: sql::retention_note(opts.retention),
+                identity: format!("sqlite:{id}"),
             },
         })
     }

@@ -210,6 +210,37 @@ pub async fn late_writes_nothing(s: &dyn Store) {
     assert_eq!(s.claim(&wide, &none()).await.unwrap().outcome, Outcome::Won);
 }
 
+/// A slot more than `max_future_ms` (default 1 day) ahead of the store's
+/// clock is `INVALID_ARGUMENT` naming `slot_ms`, and nothing is written:
+/// `i64::MAX`, and the slot that would poison a Redis `stream-id` job (every
+/// later, smaller slot would be `LATE` for ever).
+pub async fn far_future_slot_is_refused_and_writes_nothing(s: &dyn Store) {
+    let j = job("future");
+    let day = 24 * 3_600_000;
+    for slot in [i64::MAX, 9_999_999_999_999, now() + day + 60_000] {
+        match s.claim(&spec(&j, slot, &holder("a", 1)), &none()).await {
+            Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "slot_ms"),
+            other => panic!("slot {slot} must be refused, got {other:?}"),
+        }
+    }
+    // Nothing was written: the job's present slot is won as usual (a written
+    // far slot would make it LATE on stream-id), and history is empty of them.
+    let a = s
+        .claim(&spec(&j, now(), &holder("a", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!(a.outcome, Outcome::Won, "{a:?}");
+    let h = s.history(&j, 10, None).await.unwrap();
+    assert!(h.runs.iter().all(|r| r.slot_ms <= now()), "{:?}", h.runs);
+    // A slot inside the bound is claimed as usual.
+    let k = job("future-ok");
+    let b = s
+        .claim(&spec(&k, now() + 3_600_000, &holder("a", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!(b.outcome, Outcome::Won, "{b:?}");
+}
+
 pub async fn overlap_skip(s: &dyn Store) {
     if !s.info().leases {
         return no_leases(s).await;

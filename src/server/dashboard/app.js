@@ -251,6 +251,16 @@
       } else {
         cards.push(card('store', 'checking…'));
       }
+      if (st.duplicate_node_key === true) {
+        cards.push(card('node key', 'DUPLICATE', 'down',
+          'another live process runs with this node key (instance ' + str(st.duplicate_instance) +
+          '): a shared data dir or a copied node.key; stop one of them'));
+      }
+      for (const r of Array.isArray(st.refused) ? st.refused : []) {
+        cards.push(card('refused · ' + str(r.reason), str(r.node).slice(0, 8) + '…', 'down',
+          str(r.node) + ' at ' + str(r.address) + ' claims in store ' + str(r.store_identity) +
+          '; this sidecar in store ' + str(st.store_identity)));
+      }
     }
     box.replaceChildren(...cards);
   }

@@ -74,6 +74,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "liveness",
         include_str!("../../../migrations/postgres/0003_liveness.sql"),
     ),
+    (
+        4,
+        "store_identity",
+        include_str!("../../../migrations/postgres/0004_store_identity.sql"),
+    ),
 ];
 
 /// Where and how a PostgreSQL store runs, from its backend URL.
@@ -405,12 +410,18 @@ impl PostgresStore {
         let connect = PgConnectOptions::from_str(&target.url)
             .map_err(|e| Error::invalid("backend", format!("postgres URL: {e}")))?;
         let pool = Pool::new(connect, target.max_connections, ACQUIRE_TIMEOUT);
-        {
+        let id = {
             // Reachable at start, or the sidecar does not start.
             let mut conn = pool.acquire().await.map_err(Fail::into_error)?;
             migrate(&mut conn, table).await?;
+            let select = format!("SELECT value FROM {table}_meta WHERE key = 'store_id'");
+            let id: String = sqlx::query_scalar(&select)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| Fail::from(e).into_error())?;
             conn.done();
-        }
+            id
+        };
         Ok(PostgresStore {
             pool,
             claim: target.claim,
@@ -420,6 +431,7 @@ impl PostgresStore {
                 leases: true,
                 full_history: true,
                 retention: sql::retention_note(opts.retention),
+                identity: format!("postgres:{id}"),
             },
         })
     }
@@ -884,6 +896,18 @@ impl Store for PostgresStore {
         self.retrying(|| self.execute(sqlx::query("SELECT 1")))
             .await
             .map(drop)
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        self.retrying(|| async {
+            let mut conn = self.pool.acquire().await?;
+            let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+                .fetch_one(&mut *conn)
+                .await?;
+            conn.done();
+            Ok(now)
+        })
+        .await
     }
 
     fn leases(&self) -> Option<&dyn Leases> {

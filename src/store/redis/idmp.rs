@@ -78,6 +78,7 @@ impl IdmpStore {
                 "the server remembers a claimed slot for IDMP-DURATION = {duration_s} s (at most {} slots per job) (idmp)",
                 cfg.idmp_maxsize
             ),
+            identity: cfg.identity(),
         };
         Ok(IdmpStore {
             base: OnceBase::new(conn, &cfg.prefix, Strategy::Idmp, info, duration_s * 2000).await?,

@@ -96,6 +96,7 @@ impl LeaseStore {
                     humantime::format_duration(opts.retention),
                     cfg.history_maxlen
                 ),
+                identity: cfg.identity(),
             },
             prune_cursor: tokio::sync::Mutex::new(0),
             registered: Mutex::new(HashSet::new()),
@@ -430,6 +431,10 @@ impl Store for LeaseStore {
             .query::<String>(&::redis::cmd("PING"))
             .await
             .map(|_| ())
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        super::time_ms(&self.conn).await
     }
 
     fn leases(&self) -> Option<&dyn Leases> {

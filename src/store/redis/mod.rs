@@ -284,6 +284,27 @@ impl RedisConfig {
             (true, Strategy::Script) => "redis-cluster-script",
         }
     }
+
+    /// The `StoreInfo::identity`: a hash of the servers, database, prefix
+    /// and strategy (an id kept in Redis would be lost with the data of a
+    /// server without persistence, and split the mesh at its restart).
+    pub fn identity(&self) -> String {
+        // `redis://h:1` and `redis://h:1/0` are the same database.
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let base = n.split(['?', '#']).next().unwrap_or_default();
+                let rest = base.split_once("://").map_or(base, |(_, r)| r);
+                match rest.split_once('/') {
+                    Some((_, db)) if !db.trim_matches('/').is_empty() => base.to_owned(),
+                    _ => format!("{}/0", base.trim_end_matches('/')),
+                }
+            })
+            .collect();
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        super::address_identity(self.backend_name(), &nodes, &self.prefix)
+    }
 }
 
 /// Connects, checks the server can run the strategy, and returns the store.
@@ -475,6 +496,12 @@ pub(crate) fn holder_key(prefix: &str, h: &Holder) -> String {
     format!("{prefix}:holder:{}:{}", h.node, h.instance)
 }
 
+/// Redis's clock (`TIME`), in epoch milliseconds.
+pub(crate) async fn time_ms(conn: &Conn) -> Result<i64> {
+    let (secs, micros): (i64, i64) = conn.query(&::redis::cmd("TIME")).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
 /// The Redis clock for steps that are a single plain command (no script to
 /// call `TIME` in): the host clock plus an offset measured with `TIME`,
 /// refreshed every few seconds. Its error is about half a round trip.
@@ -580,6 +607,22 @@ pub(crate) fn parse_id(id: &str) -> Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identity_names_the_place_not_the_credentials() {
+        let id = |u: &str| RedisConfig::parse(u).unwrap().identity();
+        assert_eq!(id("redis://h:1"), id("redis://h:1/0"));
+        assert_eq!(id("redis://h:1/0"), id("redis://:secret@h:1/0"));
+        assert_ne!(id("redis://h:1/0"), id("redis://h:1/1"));
+        assert_ne!(id("redis://h:1/0"), id("redis://h:1/0?prefix=other"));
+        assert_ne!(id("redis://h:1/0"), id("redis://h:1/0?strategy=script"));
+        assert_eq!(
+            id("redis+cluster://a:1,b:2"),
+            id("redis+cluster://u:pw@b:2,a:1")
+        );
+        assert!(!id("redis://:secret@h:1/0").contains("secret"));
+        assert!(id("redis://h:1/0").starts_with("redis-lease:"));
+    }
 
     #[test]
     fn urls() {

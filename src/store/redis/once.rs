@@ -332,6 +332,10 @@ macro_rules! once_store {
                     .await
                     .map(|_| ())
             }
+
+            async fn now_ms(&self) -> crate::error::Result<i64> {
+                crate::store::redis::time_ms(&self.base.conn).await
+            }
         }
     };
 }

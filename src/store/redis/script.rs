@@ -44,6 +44,7 @@ impl ScriptStore {
             leases: false,
             full_history: false,
             retention: format!("claims are kept for window_ms = {window} (script)"),
+            identity: cfg.identity(),
         };
         Ok(ScriptStore {
             base: OnceBase::new(conn, &cfg.prefix, Strategy::Script, info, cfg.window_ms).await?,

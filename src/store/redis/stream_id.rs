@@ -54,6 +54,7 @@ impl StreamIdStore {
             full_history: false,
             retention:
                 "claims are kept forever (stream-id); slots are expected in increasing order".into(),
+            identity: cfg.identity(),
         };
         Ok(StreamIdStore {
             base: OnceBase::new(conn, &cfg.prefix, Strategy::StreamId, info, 0).await?,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61narchon/v1/mesh.proto\x12\x0b\x61narchon.v1\"\xa5\x02\n\x04Peer\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\x12\x10\n\x08restarts\x18\x03 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12%\n\x05state\x18\x05 \x01(\x0e\x32\x16.anarchon.v1.PeerState\x12\x1f\n\x04link\x18\x06 \x01(\x0e\x32\x11.anarchon.v1.Link\x12\x0c\n\x04\x62\x65\x61t\x18\x07 \x01(\x04\x12\x13\n\x0b\x62\x65\x61t_age_ms\x18\x08 \x01(\x03\x12-\n\x06labels\x18\t \x03(\x0b\x32\x1d.anarchon.v1.Peer.LabelsEntry\x12\x11\n\tnode_name\x18\n \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\",\n\x11WatchPeersRequest\x12\x17\n\x0finclude_expired\x18\x01 \x01(\x08\"V\n\tPeerEvent\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.anarchon.v1.PeerEventKind\x12\x1f\n\x04peer\x18\x02 \x01(\x0b\x32\x11.anarchon.v1.Peer\"\x12\n\x10ListPeersRequest\"V\n\x11ListPeersResponse\x12\x1f\n\x04self\x18\x01 \x01(\x0b\x32\x11.anarchon.v1.Peer\x12 \n\x05peers\x18\x02 \x03(\x0b\x32\x11.anarchon.v1.Peer\"\xe8\x01\n\x04Mark\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\x12\x0c\n\x04\x62\x65\x61t\x18\x03 \x01(\x04\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x12\n\npublic_key\x18\x05 \x01(\x0c\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12-\n\x06labels\x18\x07 \x03(\x0b\x32\x1d.anarchon.v1.Mark.LabelsEntry\x12\x0e\n\x06\x61ge_ms\x18\x08 \x01(\x03\x12\x0c\n\x04left\x18\t \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\x12\r\n\x05proof\x18\x04 \x01(\x0c\x12\r\n\x05nonce\x18\x05 \x01(\x0c\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x13\n\x0bmesh_secret\x18\x07 \x01(\t\"\x83\x01\n\tSyncFrame\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.anarchon.v1.HelloH\x00\x12#\n\x05marks\x18\x02 \x01(\x0b\x32\x12.anarchon.v1.MarksH\x00\x12#\n\x05nudge\x18\x03 \x01(\x0b\x32\x12.anarchon.v1.NudgeH\x00\x42\x07\n\x05\x66rame\"*\n\x05Nudge\x12!\n\x04runs\x18\x01 \x03(\x0b\x32\x13.anarchon.v1.RunRef\"&\n\x06RunRef\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07slot_ms\x18\x02 \x01(\x03\")\n\x05Marks\x12 \n\x05marks\x18\x01 \x03(\x0b\x32\x11.anarchon.v1.Mark*\x86\x01\n\tPeerState\x12\x1a\n\x16PEER_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10PEER_STATE_ALIVE\x10\x01\x12\x1a\n\x16PEER_STATE_UNREACHABLE\x10\x02\x12\x16\n\x12PEER_STATE_EXPIRED\x10\x03\x12\x13\n\x0fPEER_STATE_LEFT\x10\x04*N\n\x04Link\x12\x14\n\x10LINK_UNSPECIFIED\x10\x00\x12\x0f\n\x0bLINK_DIRECT\x10\x01\x12\x10\n\x0cLINK_RELAYED\x10\x02\x12\r\n\tLINK_NONE\x10\x03*\xfc\x01\n\rPeerEventKind\x12\x1f\n\x1bPEER_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18PEER_EVENT_KIND_SNAPSHOT\x10\x01\x12\x1a\n\x16PEER_EVENT_KIND_JOINED\x10\x02\x12\x19\n\x15PEER_EVENT_KIND_ALIVE\x10\x03\x12\x1f\n\x1bPEER_EVENT_KIND_UNREACHABLE\x10\x04\x12\x1b\n\x17PEER_EVENT_KIND_EXPIRED\x10\x05\x12\x1d\n\x19PEER_EVENT_KIND_RESTARTED\x10\x06\x12\x18\n\x14PEER_EVENT_KIND_LEFT\x10\x07\x32\xd6\x01\n\x04Mesh\x12\x46\n\nWatchPeers\x12\x1e.anarchon.v1.WatchPeersRequest\x1a\x16.anarchon.v1.PeerEvent0\x01\x12J\n\tListPeers\x12\x1d.anarchon.v1.ListPeersRequest\x1a\x1e.anarchon.v1.ListPeersResponse\x12:\n\x04Sync\x12\x16.anarchon.v1.SyncFrame\x1a\x16.anarchon.v1.SyncFrame(\x01\x30\x01\x42Q\n\x0eio.anarchon.v1P\x01Z=github.com/anarchon/anarchon/clients/go/anarchonv1;anarchonv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61narchon/v1/mesh.proto\x12\x0b\x61narchon.v1\"\xa5\x02\n\x04Peer\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\x12\x10\n\x08restarts\x18\x03 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12%\n\x05state\x18\x05 \x01(\x0e\x32\x16.anarchon.v1.PeerState\x12\x1f\n\x04link\x18\x06 \x01(\x0e\x32\x11.anarchon.v1.Link\x12\x0c\n\x04\x62\x65\x61t\x18\x07 \x01(\x04\x12\x13\n\x0b\x62\x65\x61t_age_ms\x18\x08 \x01(\x03\x12-\n\x06labels\x18\t \x03(\x0b\x32\x1d.anarchon.v1.Peer.LabelsEntry\x12\x11\n\tnode_name\x18\n \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\",\n\x11WatchPeersRequest\x12\x17\n\x0finclude_expired\x18\x01 \x01(\x08\"V\n\tPeerEvent\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.anarchon.v1.PeerEventKind\x12\x1f\n\x04peer\x18\x02 \x01(\x0b\x32\x11.anarchon.v1.Peer\"\x12\n\x10ListPeersRequest\"\xd1\x01\n\x11ListPeersResponse\x12\x1f\n\x04self\x18\x01 \x01(\x0b\x32\x11.anarchon.v1.Peer\x12 \n\x05peers\x18\x02 \x03(\x0b\x32\x11.anarchon.v1.Peer\x12\x1a\n\x12\x64uplicate_node_key\x18\x03 \x01(\x08\x12\x1a\n\x12\x64uplicate_instance\x18\x04 \x01(\x04\x12\x16\n\x0estore_identity\x18\x05 \x01(\t\x12)\n\x07refused\x18\x06 \x03(\x0b\x32\x18.anarchon.v1.RefusedPeer\"d\n\x0bRefusedPeer\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x16\n\x0estore_identity\x18\x04 \x01(\t\x12\x0e\n\x06\x61ge_ms\x18\x05 \x01(\x03\"\xe8\x01\n\x04Mark\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\x12\x0c\n\x04\x62\x65\x61t\x18\x03 \x01(\x04\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x12\n\npublic_key\x18\x05 \x01(\x0c\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12-\n\x06labels\x18\x07 \x03(\x0b\x32\x1d.anarchon.v1.Mark.LabelsEntry\x12\x0e\n\x06\x61ge_ms\x18\x08 \x01(\x03\x12\x0c\n\x04left\x18\t \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x97\x01\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\x04\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\x12\r\n\x05proof\x18\x04 \x01(\x0c\x12\r\n\x05nonce\x18\x05 \x01(\x0c\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x13\n\x0bmesh_secret\x18\x07 \x01(\t\x12\x16\n\x0estore_identity\x18\x08 \x01(\t\"\x83\x01\n\tSyncFrame\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.anarchon.v1.HelloH\x00\x12#\n\x05marks\x18\x02 \x01(\x0b\x32\x12.anarchon.v1.MarksH\x00\x12#\n\x05nudge\x18\x03 \x01(\x0b\x32\x12.anarchon.v1.NudgeH\x00\x42\x07\n\x05\x66rame\"*\n\x05Nudge\x12!\n\x04runs\x18\x01 \x03(\x0b\x32\x13.anarchon.v1.RunRef\"&\n\x06RunRef\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0f\n\x07slot_ms\x18\x02 \x01(\x03\")\n\x05Marks\x12 \n\x05marks\x18\x01 \x03(\x0b\x32\x11.anarchon.v1.Mark*\x86\x01\n\tPeerState\x12\x1a\n\x16PEER_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10PEER_STATE_ALIVE\x10\x01\x12\x1a\n\x16PEER_STATE_UNREACHABLE\x10\x02\x12\x16\n\x12PEER_STATE_EXPIRED\x10\x03\x12\x13\n\x0fPEER_STATE_LEFT\x10\x04*N\n\x04Link\x12\x14\n\x10LINK_UNSPECIFIED\x10\x00\x12\x0f\n\x0bLINK_DIRECT\x10\x01\x12\x10\n\x0cLINK_RELAYED\x10\x02\x12\r\n\tLINK_NONE\x10\x03*\xfc\x01\n\rPeerEventKind\x12\x1f\n\x1bPEER_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18PEER_EVENT_KIND_SNAPSHOT\x10\x01\x12\x1a\n\x16PEER_EVENT_KIND_JOINED\x10\x02\x12\x19\n\x15PEER_EVENT_KIND_ALIVE\x10\x03\x12\x1f\n\x1bPEER_EVENT_KIND_UNREACHABLE\x10\x04\x12\x1b\n\x17PEER_EVENT_KIND_EXPIRED\x10\x05\x12\x1d\n\x19PEER_EVENT_KIND_RESTARTED\x10\x06\x12\x18\n\x14PEER_EVENT_KIND_LEFT\x10\x07\x32\xd6\x01\n\x04Mesh\x12\x46\n\nWatchPeers\x12\x1e.anarchon.v1.WatchPeersRequest\x1a\x16.anarchon.v1.PeerEvent0\x01\x12J\n\tListPeers\x12\x1d.anarchon.v1.ListPeersRequest\x1a\x1e.anarchon.v1.ListPeersResponse\x12:\n\x04Sync\x12\x16.anarchon.v1.SyncFrame\x1a\x16.anarchon.v1.SyncFrame(\x01\x30\x01\x42Q\n\x0eio.anarchon.v1P\x01Z=github.com/anarchon/anarchon/clients/go/anarchonv1;anarchonv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,12 +36,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PEER_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_MARK_LABELSENTRY']._loaded_options = None
   _globals['_MARK_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_PEERSTATE']._serialized_start=1203
-  _globals['_PEERSTATE']._serialized_end=1337
-  _globals['_LINK']._serialized_start=1339
-  _globals['_LINK']._serialized_end=1417
-  _globals['_PEEREVENTKIND']._serialized_start=1420
-  _globals['_PEEREVENTKIND']._serialized_end=1672
+  _globals['_PEERSTATE']._serialized_start=1454
+  _globals['_PEERSTATE']._serialized_end=1588
+  _globals['_LINK']._serialized_start=1590
+  _globals['_LINK']._serialized_end=1668
+  _globals['_PEEREVENTKIND']._serialized_start=1671
+  _globals['_PEEREVENTKIND']._serialized_end=1923
   _globals['_PEER']._serialized_start=40
   _globals['_PEER']._serialized_end=333
   _globals['_PEER_LABELSENTRY']._serialized_start=288
@@ -52,22 +52,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PEEREVENT']._serialized_end=467
   _globals['_LISTPEERSREQUEST']._serialized_start=469
   _globals['_LISTPEERSREQUEST']._serialized_end=487
-  _globals['_LISTPEERSRESPONSE']._serialized_start=489
-  _globals['_LISTPEERSRESPONSE']._serialized_end=575
-  _globals['_MARK']._serialized_start=578
-  _globals['_MARK']._serialized_end=810
+  _globals['_LISTPEERSRESPONSE']._serialized_start=490
+  _globals['_LISTPEERSRESPONSE']._serialized_end=699
+  _globals['_REFUSEDPEER']._serialized_start=701
+  _globals['_REFUSEDPEER']._serialized_end=801
+  _globals['_MARK']._serialized_start=804
+  _globals['_MARK']._serialized_end=1036
   _globals['_MARK_LABELSENTRY']._serialized_start=288
   _globals['_MARK_LABELSENTRY']._serialized_end=333
-  _globals['_HELLO']._serialized_start=812
-  _globals['_HELLO']._serialized_end=939
-  _globals['_SYNCFRAME']._serialized_start=942
-  _globals['_SYNCFRAME']._serialized_end=1073
-  _globals['_NUDGE']._serialized_start=1075
-  _globals['_NUDGE']._serialized_end=1117
-  _globals['_RUNREF']._serialized_start=1119
-  _globals['_RUNREF']._serialized_end=1157
-  _globals['_MARKS']._serialized_start=1159
-  _globals['_MARKS']._serialized_end=1200
-  _globals['_MESH']._serialized_start=1675
-  _globals['_MESH']._serialized_end=1889
+  _globals['_HELLO']._serialized_start=1039
+  _globals['_HELLO']._serialized_end=1190
+  _globals['_SYNCFRAME']._serialized_start=1193
+  _globals['_SYNCFRAME']._serialized_end=1324
+  _globals['_NUDGE']._serialized_start=1326
+  _globals['_NUDGE']._serialized_end=1368
+  _globals['_RUNREF']._serialized_start=1370
+  _globals['_RUNREF']._serialized_end=1408
+  _globals['_MARKS']._serialized_start=1410
+  _globals['_MARKS']._serialized_end=1451
+  _globals['_MESH']._serialized_start=1926
+  _globals['_MESH']._serialized_end=2140
 # @@protoc_insertion_point(module_scope)

@@ -100,12 +100,34 @@ class ListPeersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListPeersResponse(_message.Message):
-    __slots__ = ("self", "peers")
+    __slots__ = ("self", "peers", "duplicate_node_key", "duplicate_instance", "store_identity", "refused")
     SELF_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_NODE_KEY_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    STORE_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     self: Peer
     peers: _containers.RepeatedCompositeFieldContainer[Peer]
-    def __init__(self_, self: _Optional[_Union[Peer, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ...) -> None: ...
+    duplicate_node_key: bool
+    duplicate_instance: int
+    store_identity: str
+    refused: _containers.RepeatedCompositeFieldContainer[RefusedPeer]
+    def __init__(self_, self: _Optional[_Union[Peer, _Mapping]] = ..., peers: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ..., duplicate_node_key: _Optional[bool] = ..., duplicate_instance: _Optional[int] = ..., store_identity: _Optional[str] = ..., refused: _Optional[_Iterable[_Union[RefusedPeer, _Mapping]]] = ...) -> None: ...
+
+class RefusedPeer(_message.Message):
+    __slots__ = ("node", "address", "reason", "store_identity", "age_ms")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STORE_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    address: str
+    reason: str
+    store_identity: str
+    age_ms: int
+    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ..., reason: _Optional[str] = ..., store_identity: _Optional[str] = ..., age_ms: _Optional[int] = ...) -> None: ...
 
 class Mark(_message.Message):
     __slots__ = ("node", "instance", "beat", "signature", "public_key", "address", "labels", "age_ms", "left")
@@ -137,7 +159,7 @@ class Mark(_message.Message):
     def __init__(self, node: _Optional[str] = ..., instance: _Optional[int] = ..., beat: _Optional[int] = ..., signature: _Optional[bytes] = ..., public_key: _Optional[bytes] = ..., address: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., age_ms: _Optional[int] = ..., left: _Optional[bool] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "instance", "public_key", "proof", "nonce", "address", "mesh_secret")
+    __slots__ = ("node", "instance", "public_key", "proof", "nonce", "address", "mesh_secret", "store_identity")
     NODE_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +167,7 @@ class Hello(_message.Message):
     NONCE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MESH_SECRET_FIELD_NUMBER: _ClassVar[int]
+    STORE_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     node: str
     instance: int
     public_key: bytes
@@ -152,7 +175,8 @@ class Hello(_message.Message):
     nonce: bytes
     address: str
     mesh_secret: str
-    def __init__(self, node: _Optional[str] = ..., instance: _Optional[int] = ..., public_key: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., address: _Optional[str] = ..., mesh_secret: _Optional[str] = ...) -> None: ...
+    store_identity: str
+    def __init__(self, node: _Optional[str] = ..., instance: _Optional[int] = ..., public_key: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., address: _Optional[str] = ..., mesh_secret: _Optional[str] = ..., store_identity: _Optional[str] = ...) -> None: ...
 
 class SyncFrame(_message.Message):
     __slots__ = ("hello", "marks", "nudge")

@@ -22,6 +22,7 @@ private static final long serialVersionUID = 0L;
     nonce_ = com.google.protobuf.ByteString.EMPTY;
     address_ = "";
     meshSecret_ = "";
+    storeIdentity_ = "";
   }
 
   @java.lang.Override
@@ -222,6 +223,57 @@ private static final long serialVersionUID = 0L;
     }
   }
 
+  public static final int STORE_IDENTITY_FIELD_NUMBER = 8;
+  @SuppressWarnings("serial")
+  private volatile java.lang.Object storeIdentity_ = "";
+  /**
+   * <pre>
+   * Which store the sender claims in: an id kept in the store, or a hash of
+   * its address; never a credential. Sidecars on different stores refuse to
+   * link (their claims cannot exclude each other). Empty: not announced.
+   * </pre>
+   *
+   * <code>string store_identity = 8;</code>
+   * @return The storeIdentity.
+   */
+  @java.lang.Override
+  public java.lang.String getStoreIdentity() {
+    java.lang.Object ref = storeIdentity_;
+    if (ref instanceof java.lang.String) {
+      return (java.lang.String) ref;
+    } else {
+      com.google.protobuf.ByteString bs = 
+          (com.google.protobuf.ByteString) ref;
+      java.lang.String s = bs.toStringUtf8();
+      storeIdentity_ = s;
+      return s;
+    }
+  }
+  /**
+   * <pre>
+   * Which store the sender claims in: an id kept in the store, or a hash of
+   * its address; never a credential. Sidecars on different stores refuse to
+   * link (their claims cannot exclude each other). Empty: not announced.
+   * </pre>
+   *
+   * <code>string store_identity = 8;</code>
+   * @return The bytes for storeIdentity.
+   */
+  @java.lang.Override
+  public com.google.protobuf.ByteString
+      getStoreIdentityBytes() {
+    java.lang.Object ref = storeIdentity_;
+    if (ref instanceof java.lang.String) {
+      com.google.protobuf.ByteString b = 
+          com.google.protobuf.ByteString.copyFromUtf8(
+              (java.lang.String) ref);
+      storeIdentity_ = b;
+      return b;
+    } else {
+      return (com.google.protobuf.ByteString) ref;
+    }
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -257,6 +309,9 @@ private static final long serialVersionUID = 0L;
     if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(meshSecret_)) {
       com.google.protobuf.GeneratedMessageV3.writeString(output, 7, meshSecret_);
     }
+    if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(storeIdentity_)) {
+      com.google.protobuf.GeneratedMessageV3.writeString(output, 8, storeIdentity_);
+    }
     getUnknownFields().writeTo(output);
   }
 
@@ -291,6 +346,9 @@ private static final long serialVersionUID = 0L;
     if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(meshSecret_)) {
       size += com.google.protobuf.GeneratedMessageV3.computeStringSize(7, meshSecret_);
     }
+    if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(storeIdentity_)) {
+      size += com.google.protobuf.GeneratedMessageV3.computeStringSize(8, storeIdentity_);
+    }
     size += getUnknownFields().getSerializedSize();
     memoizedSize = size;
     return size;
@@ -320,6 +378,8 @@ private static final long serialVersionUID = 0L;
         .equals(other.getAddress())) return false;
     if (!getMeshSecret()
         .equals(other.getMeshSecret())) return false;
+    if (!getStoreIdentity()
+        .equals(other.getStoreIdentity())) return false;
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -346,6 +406,8 @@ private static final long serialVersionUID = 0L;
     hash = (53 * hash) + getAddress().hashCode();
     hash = (37 * hash) + MESH_SECRET_FIELD_NUMBER;
     hash = (53 * hash) + getMeshSecret().hashCode();
+    hash = (37 * hash) + STORE_IDENTITY_FIELD_NUMBER;
+    hash = (53 * hash) + getStoreIdentity().hashCode();
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
     return hash;
@@ -482,6 +544,7 @@ private static final long serialVersionUID = 0L;
       nonce_ = com.google.protobuf.ByteString.EMPTY;
       address_ = "";
       meshSecret_ = "";
+      storeIdentity_ = "";
       return this;
     }
 
@@ -535,6 +598,9 @@ private static final long serialVersionUID = 0L;
       }
       if (((from_bitField0_ & 0x00000040) != 0)) {
         result.meshSecret_ = meshSecret_;
+      }
+      if (((from_bitField0_ & 0x00000080) != 0)) {
+        result.storeIdentity_ = storeIdentity_;
       }
     }
 
@@ -609,6 +675,11 @@ private static final long serialVersionUID = 0L;
         bitField0_ |= 0x00000040;
         onChanged();
       }
+      if (!other.getStoreIdentity().isEmpty()) {
+        storeIdentity_ = other.storeIdentity_;
+        bitField0_ |= 0x00000080;
+        onChanged();
+      }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
       return this;
@@ -670,6 +741,11 @@ private static final long serialVersionUID = 0L;
               bitField0_ |= 0x00000040;
               break;
             } // case 58
+            case 66: {
+              storeIdentity_ = input.readStringRequireUtf8();
+              bitField0_ |= 0x00000080;
+              break;
+            } // case 66
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -1059,6 +1135,108 @@ private static final long serialVersionUID = 0L;
       checkByteStringIsUtf8(value);
       meshSecret_ = value;
       bitField0_ |= 0x00000040;
+      onChanged();
+      return this;
+    }
+
+    private java.lang.Object storeIdentity_ = "";
+    /**
+     * <pre>
+     * Which store the sender claims in: an id kept in the store, or a hash of
+     * its address; never a credential. Sidecars on different stores refuse to
+     * link (their claims cannot exclude each other). Empty: not announced.
+     * </pre>
+     *
+     * <code>string store_identity = 8;</code>
+     * @return The storeIdentity.
+     */
+    public java.lang.String getStoreIdentity() {
+      java.lang.Object ref = storeIdentity_;
+      if (!(ref instanceof java.lang.String)) {
+        com.google.protobuf.ByteString bs =
+            (com.google.protobuf.ByteString) ref;
+        java.lang.String s = bs.toStringUtf8();
+        storeIdentity_ = s;
+        return s;
+      } else {
+        return (java.lang.String) ref;
+      }
+    }
+    /**
+     * <pre>
+     * Which store the sender claims in: an id kept in the store, or a hash of
+     * its address; never a credential. Sidecars on different stores refuse to
+     * link (their claims cannot exclude each other). Empty: not announced.
+     * </pre>
+     *
+     * <code>string store_identity = 8;</code>
+     * @return The bytes for storeIdentity.
+     */
+    public com.google.protobuf.ByteString
+        getStoreIdentityBytes() {
+      java.lang.Object ref = storeIdentity_;
+      if (ref instanceof String) {
+        com.google.protobuf.ByteString b = 
+            com.google.protobuf.ByteString.copyFromUtf8(
+                (java.lang.String) ref);
+        storeIdentity_ = b;
+        return b;
+      } else {
+        return (com.google.protobuf.ByteString) ref;
+      }
+    }
+    /**
+     * <pre>
+     * Which store the sender claims in: an id kept in the store, or a hash of
+     * its address; never a credential. Sidecars on different stores refuse to
+     * link (their claims cannot exclude each other). Empty: not announced.
+     * </pre>
+     *
+     * <code>string store_identity = 8;</code>
+     * @param value The storeIdentity to set.
+     * @return This builder for chaining.
+     */
+    public Builder setStoreIdentity(
+        java.lang.String value) {
+      if (value == null) { throw new NullPointerException(); }
+      storeIdentity_ = value;
+      bitField0_ |= 0x00000080;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Which store the sender claims in: an id kept in the store, or a hash of
+     * its address; never a credential. Sidecars on different stores refuse to
+     * link (their claims cannot exclude each other). Empty: not announced.
+     * </pre>
+     *
+     * <code>string store_identity = 8;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearStoreIdentity() {
+      storeIdentity_ = getDefaultInstance().getStoreIdentity();
+      bitField0_ = (bitField0_ & ~0x00000080);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Which store the sender claims in: an id kept in the store, or a hash of
+     * its address; never a credential. Sidecars on different stores refuse to
+     * link (their claims cannot exclude each other). Empty: not announced.
+     * </pre>
+     *
+     * <code>string store_identity = 8;</code>
+     * @param value The bytes for storeIdentity to set.
+     * @return This builder for chaining.
+     */
+    public Builder setStoreIdentityBytes(
+        com.google.protobuf.ByteString value) {
+      if (value == null) { throw new NullPointerException(); }
+      checkByteStringIsUtf8(value);
+      storeIdentity_ = value;
+      bitField0_ |= 0x00000080;
       onChanged();
       return this;
     }

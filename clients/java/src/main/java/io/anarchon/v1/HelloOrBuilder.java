@@ -78,4 +78,28 @@ public interface HelloOrBuilder extends
    */
   com.google.protobuf.ByteString
       getMeshSecretBytes();
+
+  /**
+   * <pre>
+   * Which store the sender claims in: an id kept in the store, or a hash of
+   * its address; never a credential. Sidecars on different stores refuse to
+   * link (their claims cannot exclude each other). Empty: not announced.
+   * </pre>
+   *
+   * <code>string store_identity = 8;</code>
+   * @return The storeIdentity.
+   */
+  java.lang.String getStoreIdentity();
+  /**
+   * <pre>
+   * Which store the sender claims in: an id kept in the store, or a hash of
+   * its address; never a credential. Sidecars on different stores refuse to
+   * link (their claims cannot exclude each other). Empty: not announced.
+   * </pre>
+   *
+   * <code>string store_identity = 8;</code>
+   * @return The bytes for storeIdentity.
+   */
+  com.google.protobuf.ByteString
+      getStoreIdentityBytes();
 }

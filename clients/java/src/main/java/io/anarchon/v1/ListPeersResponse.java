@@ -17,6 +17,8 @@ private static final long serialVersionUID = 0L;
   }
   private ListPeersResponse() {
     peers_ = java.util.Collections.emptyList();
+    storeIdentity_ = "";
+    refused_ = java.util.Collections.emptyList();
   }
 
   @java.lang.Override
@@ -111,6 +113,145 @@ private static final long serialVersionUID = 0L;
     return peers_.get(index);
   }
 
+  public static final int DUPLICATE_NODE_KEY_FIELD_NUMBER = 3;
+  private boolean duplicateNodeKey_ = false;
+  /**
+   * <pre>
+   * Another live process runs with this sidecar's node key (a shared data
+   * dir or a copied node.key): an operator error.
+   * </pre>
+   *
+   * <code>bool duplicate_node_key = 3;</code>
+   * @return The duplicateNodeKey.
+   */
+  @java.lang.Override
+  public boolean getDuplicateNodeKey() {
+    return duplicateNodeKey_;
+  }
+
+  public static final int DUPLICATE_INSTANCE_FIELD_NUMBER = 4;
+  private long duplicateInstance_ = 0L;
+  /**
+   * <pre>
+   * The instance of that other process, when known.
+   * </pre>
+   *
+   * <code>uint64 duplicate_instance = 4;</code>
+   * @return The duplicateInstance.
+   */
+  @java.lang.Override
+  public long getDuplicateInstance() {
+    return duplicateInstance_;
+  }
+
+  public static final int STORE_IDENTITY_FIELD_NUMBER = 5;
+  @SuppressWarnings("serial")
+  private volatile java.lang.Object storeIdentity_ = "";
+  /**
+   * <pre>
+   * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+   * </pre>
+   *
+   * <code>string store_identity = 5;</code>
+   * @return The storeIdentity.
+   */
+  @java.lang.Override
+  public java.lang.String getStoreIdentity() {
+    java.lang.Object ref = storeIdentity_;
+    if (ref instanceof java.lang.String) {
+      return (java.lang.String) ref;
+    } else {
+      com.google.protobuf.ByteString bs = 
+          (com.google.protobuf.ByteString) ref;
+      java.lang.String s = bs.toStringUtf8();
+      storeIdentity_ = s;
+      return s;
+    }
+  }
+  /**
+   * <pre>
+   * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+   * </pre>
+   *
+   * <code>string store_identity = 5;</code>
+   * @return The bytes for storeIdentity.
+   */
+  @java.lang.Override
+  public com.google.protobuf.ByteString
+      getStoreIdentityBytes() {
+    java.lang.Object ref = storeIdentity_;
+    if (ref instanceof java.lang.String) {
+      com.google.protobuf.ByteString b = 
+          com.google.protobuf.ByteString.copyFromUtf8(
+              (java.lang.String) ref);
+      storeIdentity_ = b;
+      return b;
+    } else {
+      return (com.google.protobuf.ByteString) ref;
+    }
+  }
+
+  public static final int REFUSED_FIELD_NUMBER = 6;
+  @SuppressWarnings("serial")
+  private java.util.List<io.anarchon.v1.RefusedPeer> refused_;
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  @java.lang.Override
+  public java.util.List<io.anarchon.v1.RefusedPeer> getRefusedList() {
+    return refused_;
+  }
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  @java.lang.Override
+  public java.util.List<? extends io.anarchon.v1.RefusedPeerOrBuilder> 
+      getRefusedOrBuilderList() {
+    return refused_;
+  }
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  @java.lang.Override
+  public int getRefusedCount() {
+    return refused_.size();
+  }
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  @java.lang.Override
+  public io.anarchon.v1.RefusedPeer getRefused(int index) {
+    return refused_.get(index);
+  }
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  @java.lang.Override
+  public io.anarchon.v1.RefusedPeerOrBuilder getRefusedOrBuilder(
+      int index) {
+    return refused_.get(index);
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -131,6 +272,18 @@ private static final long serialVersionUID = 0L;
     for (int i = 0; i < peers_.size(); i++) {
       output.writeMessage(2, peers_.get(i));
     }
+    if (duplicateNodeKey_ != false) {
+      output.writeBool(3, duplicateNodeKey_);
+    }
+    if (duplicateInstance_ != 0L) {
+      output.writeUInt64(4, duplicateInstance_);
+    }
+    if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(storeIdentity_)) {
+      com.google.protobuf.GeneratedMessageV3.writeString(output, 5, storeIdentity_);
+    }
+    for (int i = 0; i < refused_.size(); i++) {
+      output.writeMessage(6, refused_.get(i));
+    }
     getUnknownFields().writeTo(output);
   }
 
@@ -147,6 +300,21 @@ private static final long serialVersionUID = 0L;
     for (int i = 0; i < peers_.size(); i++) {
       size += com.google.protobuf.CodedOutputStream
         .computeMessageSize(2, peers_.get(i));
+    }
+    if (duplicateNodeKey_ != false) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeBoolSize(3, duplicateNodeKey_);
+    }
+    if (duplicateInstance_ != 0L) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeUInt64Size(4, duplicateInstance_);
+    }
+    if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(storeIdentity_)) {
+      size += com.google.protobuf.GeneratedMessageV3.computeStringSize(5, storeIdentity_);
+    }
+    for (int i = 0; i < refused_.size(); i++) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeMessageSize(6, refused_.get(i));
     }
     size += getUnknownFields().getSerializedSize();
     memoizedSize = size;
@@ -170,6 +338,14 @@ private static final long serialVersionUID = 0L;
     }
     if (!getPeersList()
         .equals(other.getPeersList())) return false;
+    if (getDuplicateNodeKey()
+        != other.getDuplicateNodeKey()) return false;
+    if (getDuplicateInstance()
+        != other.getDuplicateInstance()) return false;
+    if (!getStoreIdentity()
+        .equals(other.getStoreIdentity())) return false;
+    if (!getRefusedList()
+        .equals(other.getRefusedList())) return false;
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -188,6 +364,18 @@ private static final long serialVersionUID = 0L;
     if (getPeersCount() > 0) {
       hash = (37 * hash) + PEERS_FIELD_NUMBER;
       hash = (53 * hash) + getPeersList().hashCode();
+    }
+    hash = (37 * hash) + DUPLICATE_NODE_KEY_FIELD_NUMBER;
+    hash = (53 * hash) + com.google.protobuf.Internal.hashBoolean(
+        getDuplicateNodeKey());
+    hash = (37 * hash) + DUPLICATE_INSTANCE_FIELD_NUMBER;
+    hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
+        getDuplicateInstance());
+    hash = (37 * hash) + STORE_IDENTITY_FIELD_NUMBER;
+    hash = (53 * hash) + getStoreIdentity().hashCode();
+    if (getRefusedCount() > 0) {
+      hash = (37 * hash) + REFUSED_FIELD_NUMBER;
+      hash = (53 * hash) + getRefusedList().hashCode();
     }
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
@@ -330,6 +518,16 @@ private static final long serialVersionUID = 0L;
         peersBuilder_.clear();
       }
       bitField0_ = (bitField0_ & ~0x00000002);
+      duplicateNodeKey_ = false;
+      duplicateInstance_ = 0L;
+      storeIdentity_ = "";
+      if (refusedBuilder_ == null) {
+        refused_ = java.util.Collections.emptyList();
+      } else {
+        refused_ = null;
+        refusedBuilder_.clear();
+      }
+      bitField0_ = (bitField0_ & ~0x00000020);
       return this;
     }
 
@@ -372,6 +570,15 @@ private static final long serialVersionUID = 0L;
       } else {
         result.peers_ = peersBuilder_.build();
       }
+      if (refusedBuilder_ == null) {
+        if (((bitField0_ & 0x00000020) != 0)) {
+          refused_ = java.util.Collections.unmodifiableList(refused_);
+          bitField0_ = (bitField0_ & ~0x00000020);
+        }
+        result.refused_ = refused_;
+      } else {
+        result.refused_ = refusedBuilder_.build();
+      }
     }
 
     private void buildPartial0(io.anarchon.v1.ListPeersResponse result) {
@@ -380,6 +587,15 @@ private static final long serialVersionUID = 0L;
         result.self_ = selfBuilder_ == null
             ? self_
             : selfBuilder_.build();
+      }
+      if (((from_bitField0_ & 0x00000004) != 0)) {
+        result.duplicateNodeKey_ = duplicateNodeKey_;
+      }
+      if (((from_bitField0_ & 0x00000008) != 0)) {
+        result.duplicateInstance_ = duplicateInstance_;
+      }
+      if (((from_bitField0_ & 0x00000010) != 0)) {
+        result.storeIdentity_ = storeIdentity_;
       }
     }
 
@@ -456,6 +672,43 @@ private static final long serialVersionUID = 0L;
           }
         }
       }
+      if (other.getDuplicateNodeKey() != false) {
+        setDuplicateNodeKey(other.getDuplicateNodeKey());
+      }
+      if (other.getDuplicateInstance() != 0L) {
+        setDuplicateInstance(other.getDuplicateInstance());
+      }
+      if (!other.getStoreIdentity().isEmpty()) {
+        storeIdentity_ = other.storeIdentity_;
+        bitField0_ |= 0x00000010;
+        onChanged();
+      }
+      if (refusedBuilder_ == null) {
+        if (!other.refused_.isEmpty()) {
+          if (refused_.isEmpty()) {
+            refused_ = other.refused_;
+            bitField0_ = (bitField0_ & ~0x00000020);
+          } else {
+            ensureRefusedIsMutable();
+            refused_.addAll(other.refused_);
+          }
+          onChanged();
+        }
+      } else {
+        if (!other.refused_.isEmpty()) {
+          if (refusedBuilder_.isEmpty()) {
+            refusedBuilder_.dispose();
+            refusedBuilder_ = null;
+            refused_ = other.refused_;
+            bitField0_ = (bitField0_ & ~0x00000020);
+            refusedBuilder_ = 
+              com.google.protobuf.GeneratedMessageV3.alwaysUseFieldBuilders ?
+                 getRefusedFieldBuilder() : null;
+          } else {
+            refusedBuilder_.addAllMessages(other.refused_);
+          }
+        }
+      }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
       return this;
@@ -502,6 +755,34 @@ private static final long serialVersionUID = 0L;
               }
               break;
             } // case 18
+            case 24: {
+              duplicateNodeKey_ = input.readBool();
+              bitField0_ |= 0x00000004;
+              break;
+            } // case 24
+            case 32: {
+              duplicateInstance_ = input.readUInt64();
+              bitField0_ |= 0x00000008;
+              break;
+            } // case 32
+            case 42: {
+              storeIdentity_ = input.readStringRequireUtf8();
+              bitField0_ |= 0x00000010;
+              break;
+            } // case 42
+            case 50: {
+              io.anarchon.v1.RefusedPeer m =
+                  input.readMessage(
+                      io.anarchon.v1.RefusedPeer.parser(),
+                      extensionRegistry);
+              if (refusedBuilder_ == null) {
+                ensureRefusedIsMutable();
+                refused_.add(m);
+              } else {
+                refusedBuilder_.addMessage(m);
+              }
+              break;
+            } // case 50
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -876,6 +1157,501 @@ private static final long serialVersionUID = 0L;
         peers_ = null;
       }
       return peersBuilder_;
+    }
+
+    private boolean duplicateNodeKey_ ;
+    /**
+     * <pre>
+     * Another live process runs with this sidecar's node key (a shared data
+     * dir or a copied node.key): an operator error.
+     * </pre>
+     *
+     * <code>bool duplicate_node_key = 3;</code>
+     * @return The duplicateNodeKey.
+     */
+    @java.lang.Override
+    public boolean getDuplicateNodeKey() {
+      return duplicateNodeKey_;
+    }
+    /**
+     * <pre>
+     * Another live process runs with this sidecar's node key (a shared data
+     * dir or a copied node.key): an operator error.
+     * </pre>
+     *
+     * <code>bool duplicate_node_key = 3;</code>
+     * @param value The duplicateNodeKey to set.
+     * @return This builder for chaining.
+     */
+    public Builder setDuplicateNodeKey(boolean value) {
+      
+      duplicateNodeKey_ = value;
+      bitField0_ |= 0x00000004;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Another live process runs with this sidecar's node key (a shared data
+     * dir or a copied node.key): an operator error.
+     * </pre>
+     *
+     * <code>bool duplicate_node_key = 3;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearDuplicateNodeKey() {
+      bitField0_ = (bitField0_ & ~0x00000004);
+      duplicateNodeKey_ = false;
+      onChanged();
+      return this;
+    }
+
+    private long duplicateInstance_ ;
+    /**
+     * <pre>
+     * The instance of that other process, when known.
+     * </pre>
+     *
+     * <code>uint64 duplicate_instance = 4;</code>
+     * @return The duplicateInstance.
+     */
+    @java.lang.Override
+    public long getDuplicateInstance() {
+      return duplicateInstance_;
+    }
+    /**
+     * <pre>
+     * The instance of that other process, when known.
+     * </pre>
+     *
+     * <code>uint64 duplicate_instance = 4;</code>
+     * @param value The duplicateInstance to set.
+     * @return This builder for chaining.
+     */
+    public Builder setDuplicateInstance(long value) {
+      
+      duplicateInstance_ = value;
+      bitField0_ |= 0x00000008;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * The instance of that other process, when known.
+     * </pre>
+     *
+     * <code>uint64 duplicate_instance = 4;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearDuplicateInstance() {
+      bitField0_ = (bitField0_ & ~0x00000008);
+      duplicateInstance_ = 0L;
+      onChanged();
+      return this;
+    }
+
+    private java.lang.Object storeIdentity_ = "";
+    /**
+     * <pre>
+     * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+     * </pre>
+     *
+     * <code>string store_identity = 5;</code>
+     * @return The storeIdentity.
+     */
+    public java.lang.String getStoreIdentity() {
+      java.lang.Object ref = storeIdentity_;
+      if (!(ref instanceof java.lang.String)) {
+        com.google.protobuf.ByteString bs =
+            (com.google.protobuf.ByteString) ref;
+        java.lang.String s = bs.toStringUtf8();
+        storeIdentity_ = s;
+        return s;
+      } else {
+        return (java.lang.String) ref;
+      }
+    }
+    /**
+     * <pre>
+     * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+     * </pre>
+     *
+     * <code>string store_identity = 5;</code>
+     * @return The bytes for storeIdentity.
+     */
+    public com.google.protobuf.ByteString
+        getStoreIdentityBytes() {
+      java.lang.Object ref = storeIdentity_;
+      if (ref instanceof String) {
+        com.google.protobuf.ByteString b = 
+            com.google.protobuf.ByteString.copyFromUtf8(
+                (java.lang.String) ref);
+        storeIdentity_ = b;
+        return b;
+      } else {
+        return (com.google.protobuf.ByteString) ref;
+      }
+    }
+    /**
+     * <pre>
+     * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+     * </pre>
+     *
+     * <code>string store_identity = 5;</code>
+     * @param value The storeIdentity to set.
+     * @return This builder for chaining.
+     */
+    public Builder setStoreIdentity(
+        java.lang.String value) {
+      if (value == null) { throw new NullPointerException(); }
+      storeIdentity_ = value;
+      bitField0_ |= 0x00000010;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+     * </pre>
+     *
+     * <code>string store_identity = 5;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearStoreIdentity() {
+      storeIdentity_ = getDefaultInstance().getStoreIdentity();
+      bitField0_ = (bitField0_ & ~0x00000010);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+     * </pre>
+     *
+     * <code>string store_identity = 5;</code>
+     * @param value The bytes for storeIdentity to set.
+     * @return This builder for chaining.
+     */
+    public Builder setStoreIdentityBytes(
+        com.google.protobuf.ByteString value) {
+      if (value == null) { throw new NullPointerException(); }
+      checkByteStringIsUtf8(value);
+      storeIdentity_ = value;
+      bitField0_ |= 0x00000010;
+      onChanged();
+      return this;
+    }
+
+    private java.util.List<io.anarchon.v1.RefusedPeer> refused_ =
+      java.util.Collections.emptyList();
+    private void ensureRefusedIsMutable() {
+      if (!((bitField0_ & 0x00000020) != 0)) {
+        refused_ = new java.util.ArrayList<io.anarchon.v1.RefusedPeer>(refused_);
+        bitField0_ |= 0x00000020;
+       }
+    }
+
+    private com.google.protobuf.RepeatedFieldBuilderV3<
+        io.anarchon.v1.RefusedPeer, io.anarchon.v1.RefusedPeer.Builder, io.anarchon.v1.RefusedPeerOrBuilder> refusedBuilder_;
+
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public java.util.List<io.anarchon.v1.RefusedPeer> getRefusedList() {
+      if (refusedBuilder_ == null) {
+        return java.util.Collections.unmodifiableList(refused_);
+      } else {
+        return refusedBuilder_.getMessageList();
+      }
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public int getRefusedCount() {
+      if (refusedBuilder_ == null) {
+        return refused_.size();
+      } else {
+        return refusedBuilder_.getCount();
+      }
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public io.anarchon.v1.RefusedPeer getRefused(int index) {
+      if (refusedBuilder_ == null) {
+        return refused_.get(index);
+      } else {
+        return refusedBuilder_.getMessage(index);
+      }
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder setRefused(
+        int index, io.anarchon.v1.RefusedPeer value) {
+      if (refusedBuilder_ == null) {
+        if (value == null) {
+          throw new NullPointerException();
+        }
+        ensureRefusedIsMutable();
+        refused_.set(index, value);
+        onChanged();
+      } else {
+        refusedBuilder_.setMessage(index, value);
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder setRefused(
+        int index, io.anarchon.v1.RefusedPeer.Builder builderForValue) {
+      if (refusedBuilder_ == null) {
+        ensureRefusedIsMutable();
+        refused_.set(index, builderForValue.build());
+        onChanged();
+      } else {
+        refusedBuilder_.setMessage(index, builderForValue.build());
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder addRefused(io.anarchon.v1.RefusedPeer value) {
+      if (refusedBuilder_ == null) {
+        if (value == null) {
+          throw new NullPointerException();
+        }
+        ensureRefusedIsMutable();
+        refused_.add(value);
+        onChanged();
+      } else {
+        refusedBuilder_.addMessage(value);
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder addRefused(
+        int index, io.anarchon.v1.RefusedPeer value) {
+      if (refusedBuilder_ == null) {
+        if (value == null) {
+          throw new NullPointerException();
+        }
+        ensureRefusedIsMutable();
+        refused_.add(index, value);
+        onChanged();
+      } else {
+        refusedBuilder_.addMessage(index, value);
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder addRefused(
+        io.anarchon.v1.RefusedPeer.Builder builderForValue) {
+      if (refusedBuilder_ == null) {
+        ensureRefusedIsMutable();
+        refused_.add(builderForValue.build());
+        onChanged();
+      } else {
+        refusedBuilder_.addMessage(builderForValue.build());
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder addRefused(
+        int index, io.anarchon.v1.RefusedPeer.Builder builderForValue) {
+      if (refusedBuilder_ == null) {
+        ensureRefusedIsMutable();
+        refused_.add(index, builderForValue.build());
+        onChanged();
+      } else {
+        refusedBuilder_.addMessage(index, builderForValue.build());
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder addAllRefused(
+        java.lang.Iterable<? extends io.anarchon.v1.RefusedPeer> values) {
+      if (refusedBuilder_ == null) {
+        ensureRefusedIsMutable();
+        com.google.protobuf.AbstractMessageLite.Builder.addAll(
+            values, refused_);
+        onChanged();
+      } else {
+        refusedBuilder_.addAllMessages(values);
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder clearRefused() {
+      if (refusedBuilder_ == null) {
+        refused_ = java.util.Collections.emptyList();
+        bitField0_ = (bitField0_ & ~0x00000020);
+        onChanged();
+      } else {
+        refusedBuilder_.clear();
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public Builder removeRefused(int index) {
+      if (refusedBuilder_ == null) {
+        ensureRefusedIsMutable();
+        refused_.remove(index);
+        onChanged();
+      } else {
+        refusedBuilder_.remove(index);
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public io.anarchon.v1.RefusedPeer.Builder getRefusedBuilder(
+        int index) {
+      return getRefusedFieldBuilder().getBuilder(index);
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public io.anarchon.v1.RefusedPeerOrBuilder getRefusedOrBuilder(
+        int index) {
+      if (refusedBuilder_ == null) {
+        return refused_.get(index);  } else {
+        return refusedBuilder_.getMessageOrBuilder(index);
+      }
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public java.util.List<? extends io.anarchon.v1.RefusedPeerOrBuilder> 
+         getRefusedOrBuilderList() {
+      if (refusedBuilder_ != null) {
+        return refusedBuilder_.getMessageOrBuilderList();
+      } else {
+        return java.util.Collections.unmodifiableList(refused_);
+      }
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public io.anarchon.v1.RefusedPeer.Builder addRefusedBuilder() {
+      return getRefusedFieldBuilder().addBuilder(
+          io.anarchon.v1.RefusedPeer.getDefaultInstance());
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public io.anarchon.v1.RefusedPeer.Builder addRefusedBuilder(
+        int index) {
+      return getRefusedFieldBuilder().addBuilder(
+          index, io.anarchon.v1.RefusedPeer.getDefaultInstance());
+    }
+    /**
+     * <pre>
+     * Runtimes refused as links, newest first (e.g. on another store).
+     * </pre>
+     *
+     * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+     */
+    public java.util.List<io.anarchon.v1.RefusedPeer.Builder> 
+         getRefusedBuilderList() {
+      return getRefusedFieldBuilder().getBuilderList();
+    }
+    private com.google.protobuf.RepeatedFieldBuilderV3<
+        io.anarchon.v1.RefusedPeer, io.anarchon.v1.RefusedPeer.Builder, io.anarchon.v1.RefusedPeerOrBuilder> 
+        getRefusedFieldBuilder() {
+      if (refusedBuilder_ == null) {
+        refusedBuilder_ = new com.google.protobuf.RepeatedFieldBuilderV3<
+            io.anarchon.v1.RefusedPeer, io.anarchon.v1.RefusedPeer.Builder, io.anarchon.v1.RefusedPeerOrBuilder>(
+                refused_,
+                ((bitField0_ & 0x00000020) != 0),
+                getParentForChildren(),
+                isClean());
+        refused_ = null;
+      }
+      return refusedBuilder_;
     }
     @java.lang.Override
     public final Builder setUnknownFields(

@@ -45,4 +45,89 @@ public interface ListPeersResponseOrBuilder extends
    */
   io.anarchon.v1.PeerOrBuilder getPeersOrBuilder(
       int index);
+
+  /**
+   * <pre>
+   * Another live process runs with this sidecar's node key (a shared data
+   * dir or a copied node.key): an operator error.
+   * </pre>
+   *
+   * <code>bool duplicate_node_key = 3;</code>
+   * @return The duplicateNodeKey.
+   */
+  boolean getDuplicateNodeKey();
+
+  /**
+   * <pre>
+   * The instance of that other process, when known.
+   * </pre>
+   *
+   * <code>uint64 duplicate_instance = 4;</code>
+   * @return The duplicateInstance.
+   */
+  long getDuplicateInstance();
+
+  /**
+   * <pre>
+   * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+   * </pre>
+   *
+   * <code>string store_identity = 5;</code>
+   * @return The storeIdentity.
+   */
+  java.lang.String getStoreIdentity();
+  /**
+   * <pre>
+   * This sidecar's store identity (no credentials; see `Hello.store_identity`).
+   * </pre>
+   *
+   * <code>string store_identity = 5;</code>
+   * @return The bytes for storeIdentity.
+   */
+  com.google.protobuf.ByteString
+      getStoreIdentityBytes();
+
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  java.util.List<io.anarchon.v1.RefusedPeer> 
+      getRefusedList();
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  io.anarchon.v1.RefusedPeer getRefused(int index);
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  int getRefusedCount();
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  java.util.List<? extends io.anarchon.v1.RefusedPeerOrBuilder> 
+      getRefusedOrBuilderList();
+  /**
+   * <pre>
+   * Runtimes refused as links, newest first (e.g. on another store).
+   * </pre>
+   *
+   * <code>repeated .anarchon.v1.RefusedPeer refused = 6;</code>
+   */
+  io.anarchon.v1.RefusedPeerOrBuilder getRefusedOrBuilder(
+      int index);
 }

@@ -45,6 +45,11 @@ public final class MeshOuterClass {
     com.google.protobuf.GeneratedMessageV3.FieldAccessorTable
       internal_static_anarchon_v1_ListPeersResponse_fieldAccessorTable;
   static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_anarchon_v1_RefusedPeer_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessageV3.FieldAccessorTable
+      internal_static_anarchon_v1_RefusedPeer_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
     internal_static_anarchon_v1_Mark_descriptor;
   static final 
     com.google.protobuf.GeneratedMessageV3.FieldAccessorTable
@@ -100,44 +105,50 @@ public final class MeshOuterClass {
       "clude_expired\030\001 \001(\010\"V\n\tPeerEvent\022(\n\004kind" +
       "\030\001 \001(\0162\032.anarchon.v1.PeerEventKind\022\037\n\004pe" +
       "er\030\002 \001(\0132\021.anarchon.v1.Peer\"\022\n\020ListPeers" +
-      "Request\"V\n\021ListPeersResponse\022\037\n\004self\030\001 \001" +
-      "(\0132\021.anarchon.v1.Peer\022 \n\005peers\030\002 \003(\0132\021.a" +
-      "narchon.v1.Peer\"\350\001\n\004Mark\022\014\n\004node\030\001 \001(\t\022\020" +
-      "\n\010instance\030\002 \001(\004\022\014\n\004beat\030\003 \001(\004\022\021\n\tsignat" +
-      "ure\030\004 \001(\014\022\022\n\npublic_key\030\005 \001(\014\022\017\n\007address" +
-      "\030\006 \001(\t\022-\n\006labels\030\007 \003(\0132\035.anarchon.v1.Mar" +
-      "k.LabelsEntry\022\016\n\006age_ms\030\010 \001(\003\022\014\n\004left\030\t " +
-      "\001(\010\032-\n\013LabelsEntry\022\013\n\003key\030\001 \001(\t\022\r\n\005value" +
-      "\030\002 \001(\t:\0028\001\"\177\n\005Hello\022\014\n\004node\030\001 \001(\t\022\020\n\010ins" +
-      "tance\030\002 \001(\004\022\022\n\npublic_key\030\003 \001(\014\022\r\n\005proof" +
-      "\030\004 \001(\014\022\r\n\005nonce\030\005 \001(\014\022\017\n\007address\030\006 \001(\t\022\023" +
-      "\n\013mesh_secret\030\007 \001(\t\"\203\001\n\tSyncFrame\022#\n\005hel" +
-      "lo\030\001 \001(\0132\022.anarchon.v1.HelloH\000\022#\n\005marks\030" +
-      "\002 \001(\0132\022.anarchon.v1.MarksH\000\022#\n\005nudge\030\003 \001" +
-      "(\0132\022.anarchon.v1.NudgeH\000B\007\n\005frame\"*\n\005Nud" +
-      "ge\022!\n\004runs\030\001 \003(\0132\023.anarchon.v1.RunRef\"&\n" +
-      "\006RunRef\022\013\n\003job\030\001 \001(\t\022\017\n\007slot_ms\030\002 \001(\003\")\n" +
-      "\005Marks\022 \n\005marks\030\001 \003(\0132\021.anarchon.v1.Mark" +
-      "*\206\001\n\tPeerState\022\032\n\026PEER_STATE_UNSPECIFIED" +
-      "\020\000\022\024\n\020PEER_STATE_ALIVE\020\001\022\032\n\026PEER_STATE_U" +
-      "NREACHABLE\020\002\022\026\n\022PEER_STATE_EXPIRED\020\003\022\023\n\017" +
-      "PEER_STATE_LEFT\020\004*N\n\004Link\022\024\n\020LINK_UNSPEC" +
-      "IFIED\020\000\022\017\n\013LINK_DIRECT\020\001\022\020\n\014LINK_RELAYED" +
-      "\020\002\022\r\n\tLINK_NONE\020\003*\374\001\n\rPeerEventKind\022\037\n\033P" +
-      "EER_EVENT_KIND_UNSPECIFIED\020\000\022\034\n\030PEER_EVE" +
-      "NT_KIND_SNAPSHOT\020\001\022\032\n\026PEER_EVENT_KIND_JO" +
-      "INED\020\002\022\031\n\025PEER_EVENT_KIND_ALIVE\020\003\022\037\n\033PEE" +
-      "R_EVENT_KIND_UNREACHABLE\020\004\022\033\n\027PEER_EVENT" +
-      "_KIND_EXPIRED\020\005\022\035\n\031PEER_EVENT_KIND_RESTA" +
-      "RTED\020\006\022\030\n\024PEER_EVENT_KIND_LEFT\020\0072\326\001\n\004Mes" +
-      "h\022F\n\nWatchPeers\022\036.anarchon.v1.WatchPeers" +
-      "Request\032\026.anarchon.v1.PeerEvent0\001\022J\n\tLis" +
-      "tPeers\022\035.anarchon.v1.ListPeersRequest\032\036." +
-      "anarchon.v1.ListPeersResponse\022:\n\004Sync\022\026." +
-      "anarchon.v1.SyncFrame\032\026.anarchon.v1.Sync" +
-      "Frame(\0010\001BQ\n\016io.anarchon.v1P\001Z=github.co" +
-      "m/anarchon/anarchon/clients/go/anarchonv" +
-      "1;anarchonv1b\006proto3"
+      "Request\"\321\001\n\021ListPeersResponse\022\037\n\004self\030\001 " +
+      "\001(\0132\021.anarchon.v1.Peer\022 \n\005peers\030\002 \003(\0132\021." +
+      "anarchon.v1.Peer\022\032\n\022duplicate_node_key\030\003" +
+      " \001(\010\022\032\n\022duplicate_instance\030\004 \001(\004\022\026\n\016stor" +
+      "e_identity\030\005 \001(\t\022)\n\007refused\030\006 \003(\0132\030.anar" +
+      "chon.v1.RefusedPeer\"d\n\013RefusedPeer\022\014\n\004no" +
+      "de\030\001 \001(\t\022\017\n\007address\030\002 \001(\t\022\016\n\006reason\030\003 \001(" +
+      "\t\022\026\n\016store_identity\030\004 \001(\t\022\016\n\006age_ms\030\005 \001(" +
+      "\003\"\350\001\n\004Mark\022\014\n\004node\030\001 \001(\t\022\020\n\010instance\030\002 \001" +
+      "(\004\022\014\n\004beat\030\003 \001(\004\022\021\n\tsignature\030\004 \001(\014\022\022\n\np" +
+      "ublic_key\030\005 \001(\014\022\017\n\007address\030\006 \001(\t\022-\n\006labe" +
+      "ls\030\007 \003(\0132\035.anarchon.v1.Mark.LabelsEntry\022" +
+      "\016\n\006age_ms\030\010 \001(\003\022\014\n\004left\030\t \001(\010\032-\n\013LabelsE" +
+      "ntry\022\013\n\003key\030\001 \001(\t\022\r\n\005value\030\002 \001(\t:\0028\001\"\227\001\n" +
+      "\005Hello\022\014\n\004node\030\001 \001(\t\022\020\n\010instance\030\002 \001(\004\022\022" +
+      "\n\npublic_key\030\003 \001(\014\022\r\n\005proof\030\004 \001(\014\022\r\n\005non" +
+      "ce\030\005 \001(\014\022\017\n\007address\030\006 \001(\t\022\023\n\013mesh_secret" +
+      "\030\007 \001(\t\022\026\n\016store_identity\030\010 \001(\t\"\203\001\n\tSyncF" +
+      "rame\022#\n\005hello\030\001 \001(\0132\022.anarchon.v1.HelloH" +
+      "\000\022#\n\005marks\030\002 \001(\0132\022.anarchon.v1.MarksH\000\022#" +
+      "\n\005nudge\030\003 \001(\0132\022.anarchon.v1.NudgeH\000B\007\n\005f" +
+      "rame\"*\n\005Nudge\022!\n\004runs\030\001 \003(\0132\023.anarchon.v" +
+      "1.RunRef\"&\n\006RunRef\022\013\n\003job\030\001 \001(\t\022\017\n\007slot_" +
+      "ms\030\002 \001(\003\")\n\005Marks\022 \n\005marks\030\001 \003(\0132\021.anarc" +
+      "hon.v1.Mark*\206\001\n\tPeerState\022\032\n\026PEER_STATE_" +
+      "UNSPECIFIED\020\000\022\024\n\020PEER_STATE_ALIVE\020\001\022\032\n\026P" +
+      "EER_STATE_UNREACHABLE\020\002\022\026\n\022PEER_STATE_EX" +
+      "PIRED\020\003\022\023\n\017PEER_STATE_LEFT\020\004*N\n\004Link\022\024\n\020" +
+      "LINK_UNSPECIFIED\020\000\022\017\n\013LINK_DIRECT\020\001\022\020\n\014L" +
+      "INK_RELAYED\020\002\022\r\n\tLINK_NONE\020\003*\374\001\n\rPeerEve" +
+      "ntKind\022\037\n\033PEER_EVENT_KIND_UNSPECIFIED\020\000\022" +
+      "\034\n\030PEER_EVENT_KIND_SNAPSHOT\020\001\022\032\n\026PEER_EV" +
+      "ENT_KIND_JOINED\020\002\022\031\n\025PEER_EVENT_KIND_ALI" +
+      "VE\020\003\022\037\n\033PEER_EVENT_KIND_UNREACHABLE\020\004\022\033\n" +
+      "\027PEER_EVENT_KIND_EXPIRED\020\005\022\035\n\031PEER_EVENT" +
+      "_KIND_RESTARTED\020\006\022\030\n\024PEER_EVENT_KIND_LEF" +
+      "T\020\0072\326\001\n\004Mesh\022F\n\nWatchPeers\022\036.anarchon.v1" +
+      ".WatchPeersRequest\032\026.anarchon.v1.PeerEve" +
+      "nt0\001\022J\n\tListPeers\022\035.anarchon.v1.ListPeer" +
+      "sRequest\032\036.anarchon.v1.ListPeersResponse" +
+      "\022:\n\004Sync\022\026.anarchon.v1.SyncFrame\032\026.anarc" +
+      "hon.v1.SyncFrame(\0010\001BQ\n\016io.anarchon.v1P\001" +
+      "Z=github.com/anarchon/anarchon/clients/g" +
+      "o/anarchonv1;anarchonv1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -178,9 +189,15 @@ public final class MeshOuterClass {
     internal_static_anarchon_v1_ListPeersResponse_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_ListPeersResponse_descriptor,
-        new java.lang.String[] { "Self", "Peers", });
-    internal_static_anarchon_v1_Mark_descriptor =
+        new java.lang.String[] { "Self", "Peers", "DuplicateNodeKey", "DuplicateInstance", "StoreIdentity", "Refused", });
+    internal_static_anarchon_v1_RefusedPeer_descriptor =
       getDescriptor().getMessageTypes().get(5);
+    internal_static_anarchon_v1_RefusedPeer_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
+        internal_static_anarchon_v1_RefusedPeer_descriptor,
+        new java.lang.String[] { "Node", "Address", "Reason", "StoreIdentity", "AgeMs", });
+    internal_static_anarchon_v1_Mark_descriptor =
+      getDescriptor().getMessageTypes().get(6);
     internal_static_anarchon_v1_Mark_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_Mark_descriptor,
@@ -192,31 +209,31 @@ public final class MeshOuterClass {
         internal_static_anarchon_v1_Mark_LabelsEntry_descriptor,
         new java.lang.String[] { "Key", "Value", });
     internal_static_anarchon_v1_Hello_descriptor =
-      getDescriptor().getMessageTypes().get(6);
+      getDescriptor().getMessageTypes().get(7);
     internal_static_anarchon_v1_Hello_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_Hello_descriptor,
-        new java.lang.String[] { "Node", "Instance", "PublicKey", "Proof", "Nonce", "Address", "MeshSecret", });
+        new java.lang.String[] { "Node", "Instance", "PublicKey", "Proof", "Nonce", "Address", "MeshSecret", "StoreIdentity", });
     internal_static_anarchon_v1_SyncFrame_descriptor =
-      getDescriptor().getMessageTypes().get(7);
+      getDescriptor().getMessageTypes().get(8);
     internal_static_anarchon_v1_SyncFrame_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_SyncFrame_descriptor,
         new java.lang.String[] { "Hello", "Marks", "Nudge", "Frame", });
     internal_static_anarchon_v1_Nudge_descriptor =
-      getDescriptor().getMessageTypes().get(8);
+      getDescriptor().getMessageTypes().get(9);
     internal_static_anarchon_v1_Nudge_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_Nudge_descriptor,
         new java.lang.String[] { "Runs", });
     internal_static_anarchon_v1_RunRef_descriptor =
-      getDescriptor().getMessageTypes().get(9);
+      getDescriptor().getMessageTypes().get(10);
     internal_static_anarchon_v1_RunRef_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_RunRef_descriptor,
         new java.lang.String[] { "Job", "SlotMs", });
     internal_static_anarchon_v1_Marks_descriptor =
-      getDescriptor().getMessageTypes().get(10);
+      getDescriptor().getMessageTypes().get(11);
     internal_static_anarchon_v1_Marks_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_Marks_descriptor,
