@@ -258,11 +258,24 @@ impl NatsStore {
             return Err(Error::invalid("backend", "not a nats:// backend"));
         };
         let timeout = Duration::from_millis(*timeout_ms);
-        let client = async_nats::ConnectOptions::new()
+        // async-nats bounds the TCP connect only: a listener that accepts and
+        // never sends the NATS greeting would hold the start forever. The
+        // whole handshake gets `timeout_ms`.
+        let connect = async_nats::ConnectOptions::new()
             .name("anarchon")
             .connection_timeout(timeout)
-            .connect(servers(url)?)
+            .connect(servers(url)?);
+        let client = tokio::time::timeout(timeout, connect)
             .await
+            .map_err(|_| {
+                unavailable(
+                    &format!("cannot connect to {}", redact(url)),
+                    format!(
+                        "no NATS greeting within {} (timeout_ms); is it a NATS server?",
+                        humantime::format_duration(timeout)
+                    ),
+                )
+            })?
             .map_err(|e| unavailable(&format!("cannot connect to {}", redact(url)), e))?;
         let mut js = jetstream::new(client);
         js.set_timeout(timeout);
@@ -535,7 +548,8 @@ impl Store for NatsStore {
                 ))
             })?;
         if claim.body.token != spec.token.as_str() {
-            return Err(Error::Fenced(FenceReason::TakenOver));
+            // No takeovers on a once backend: the token never held the slot.
+            return Err(Error::Fenced(FenceReason::NotHolder));
         }
         let result_id = format!("{}:{}:result", spec.job, spec.slot_ms);
         if dead.is_dead(&claim.holder()) {

@@ -69,6 +69,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "claim_function",
         include_str!("../../../migrations/postgres/0002_claim_function.sql"),
     ),
+    (
+        5,
+        "run_lease",
+        include_str!("../../../migrations/postgres/0005_run_lease.sql"),
+    ),
 ];
 
 /// Where and how a PostgreSQL store runs, from its backend URL.
@@ -324,7 +329,13 @@ impl Statements {
                 "WITH fence AS (UPDATE {jobs} SET fence = $12 WHERE job = $1 AND fence < $12) {}",
                 sql::upsert_run_sql(&runs)
             ),
-            renew: format!("UPDATE {runs} SET lease_until_ms = $3 WHERE job = $1 AND slot_ms = $2"),
+            // $3 the clock, $4 the lease asked for (0 = the run's own, see
+            // sql::RENEW_LEASE).
+            renew: format!(
+                "UPDATE {runs} SET lease_until_ms = $3 + {}
+                 WHERE job = $1 AND slot_ms = $2 RETURNING lease_until_ms",
+                sql::renew_lease("$4", "GREATEST")
+            ),
             release: format!(
                 "UPDATE {runs} SET state = $3, finished_at_ms = $4 WHERE job = $1 AND slot_ms = $2"
             ),
@@ -702,12 +713,12 @@ impl PostgresStore {
         let mut tx = conn.begin().await?;
         let (now, run) = self.locked_run(&mut tx, &spec.job, spec.slot_ms).await?;
         let r = decide_renew(run.as_ref(), &spec.token, dead)?;
-        let lease_until = now.saturating_add(spec.lease_ms);
-        sqlx::query(&self.sql.renew)
+        let lease_until: i64 = sqlx::query_scalar(&self.sql.renew)
             .bind(spec.job.as_str())
             .bind(spec.slot_ms)
-            .bind(lease_until)
-            .execute(&mut *tx)
+            .bind(now)
+            .bind(spec.lease_ms)
+            .fetch_one(&mut *tx)
             .await?;
         let out = Renewed {
             lease_until_ms: lease_until,

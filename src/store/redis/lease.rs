@@ -210,6 +210,7 @@ fn fence_error(reason: &str) -> Error {
     match reason {
         "not_found" => Error::NotFound("no such run".into()),
         "taken_over" => Error::Fenced(FenceReason::TakenOver),
+        "not_holder" => Error::Fenced(FenceReason::NotHolder),
         "released" => Error::Fenced(FenceReason::Released),
         "finished" => Error::Fenced(FenceReason::Finished),
         "holder_dead" => Error::Fenced(FenceReason::HolderDead),
