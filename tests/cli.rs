@@ -209,3 +209,88 @@ fn watch_streams_a_snapshot_then_changes() {
     let _ = w.wait();
     assert!(expired.is_some(), "no EXPIRED event streamed");
 }
+
+/// Runs `anarchon serve` against a backend URL and returns its output and how
+/// long it took, killing it after `limit`.
+fn serve_until_exit(
+    backend: &str,
+    limit: std::time::Duration,
+) -> (Option<i32>, String, std::time::Duration) {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &common::process::free_addr().to_string(),
+            "--admin-listen",
+            &common::process::free_addr().to_string(),
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "--backend",
+            backend,
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            return (
+                st.code(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+                t.elapsed(),
+            );
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            return (
+                None,
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+                t.elapsed(),
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Issue 21 (1): a server that accepts TCP and never answers (a wrong port,
+/// a stuck proxy) must not hold `serve` at "starting": every backend gives
+/// up within its connect timeout and says why.
+#[test]
+fn every_backend_gives_up_on_a_silent_server() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    // Accept every connection and keep it open without a byte.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    for url in [
+        format!("nats://{addr}"),
+        format!("amqp://guest:guest@{addr}/%2f"),
+        format!("redis://{addr}/0?strategy=lease"),
+        format!("postgres://postgres@{addr}/test"),
+    ] {
+        let (code, stderr, took) = serve_until_exit(&url, std::time::Duration::from_secs(30));
+        assert!(
+            code.is_some_and(|c| c != 0),
+            "{url}: still running after {took:?} (exit {code:?}):\n{stderr}"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(15),
+            "{url}: gave up only after {took:?}"
+        );
+        assert!(
+            stderr.contains("cannot open backend"),
+            "{url}: the error does not say why:\n{stderr}"
+        );
+        eprintln!("{url}: gave up after {took:.1?}");
+    }
+}
