@@ -100,8 +100,10 @@ impl Schedule {
 }
 
 /// Which tick to claim at wall time `now`, given the next one we planned.
-/// Returns `(tick, missed)`: the tick to claim now (if any is within
-/// `max_late`) and how many older ticks are skipped.
+/// Returns `(tick, missed)`: the oldest due tick still within `max_late` (if
+/// any) and how many ticks before it are older than `max_late` and skipped.
+/// A tick within `max_late` is never skipped: after a short outage the ticks
+/// it delayed still run, one after the other.
 pub fn due(
     s: &Schedule,
     planned: DateTime<Utc>,
@@ -112,22 +114,19 @@ pub fn due(
         return (None, 0);
     }
     let late = chrono::Duration::from_std(max_late).unwrap_or(chrono::Duration::zero());
-    // The newest tick that is due; everything before it is skipped.
-    let newest = s.latest_at_or_before(now).unwrap_or(planned).max(planned);
     let mut missed = 0u64;
     let mut t = planned;
-    while t < newest {
+    while t <= now {
+        if now - t <= late {
+            return (Some(t), missed);
+        }
         missed += 1;
         match s.next_after(t) {
             Some(n) => t = n,
             None => break,
         }
     }
-    if now - newest <= late {
-        (Some(newest), missed)
-    } else {
-        (None, missed + 1)
-    }
+    (None, missed)
 }
 
 fn whole_second(t: DateTime<Utc>) -> DateTime<Utc> {
@@ -162,15 +161,32 @@ pub async fn cron(a: CronArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (mut client, _) = match connect(&a.client).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("anarchon: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
     let stop = super::serve::shutdown_signal();
     tokio::pin!(stop);
+    // In a pod the application and its sidecar start together: wait for the
+    // sidecar (saying so) instead of exiting, as for a later outage.
+    let mut waiting = false;
+    let mut client = loop {
+        match connect(&a.client).await {
+            Ok((c, _)) => break c,
+            Err(e) => {
+                if !waiting {
+                    eprintln!(
+                        "anarchon cron: waiting for the sidecar at {}: {e:#} (retrying every second)",
+                        a.client.server
+                    );
+                    waiting = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = &mut stop => return ExitCode::SUCCESS,
+                }
+            }
+        }
+    };
+    if waiting {
+        eprintln!("anarchon cron: the sidecar at {} answers", a.client.server);
+    }
     let grace = Duration::from_millis(a.grace_ms);
     let retry = Duration::from_millis(a.retry_ms.max(10));
     // Take part in the latest tick if it is still within max_late.
@@ -342,15 +358,25 @@ mod tests {
     fn after_a_pause_only_the_newest_tick_within_max_late_runs() {
         let s = Schedule::parse("* * * * * *", "UTC").unwrap();
         let planned = at("2026-03-01T10:00:00Z");
-        // Woken 5 s late with max_late 2 s: ticks :00..:04 are missed, :05 runs.
+        // Woken 5.3 s late with max_late 2 s: ticks :00..:03 are older than
+        // max_late and missed; :04 (1.3 s old) is the next to run.
         let (tick, missed) = due(
             &s,
             planned,
             at("2026-03-01T10:00:05.300Z"),
             Duration::from_secs(2),
         );
-        assert_eq!(tick, Some(at("2026-03-01T10:00:05Z")));
-        assert_eq!(missed, 5);
+        assert_eq!(tick, Some(at("2026-03-01T10:00:04Z")));
+        assert_eq!(missed, 4);
+        // Issue 21: after a 3 s outage with max_late 30 s nothing is missed;
+        // the delayed ticks run, oldest first.
+        let (tick, missed) = due(
+            &s,
+            planned,
+            at("2026-03-01T10:00:03.100Z"),
+            Duration::from_secs(30),
+        );
+        assert_eq!((tick, missed), (Some(planned), 0));
         // On time: that tick, nothing missed.
         let (tick, missed) = due(
             &s,
