@@ -294,3 +294,31 @@ fn every_backend_gives_up_on_a_silent_server() {
         eprintln!("{url}: gave up after {took:.1?}");
     }
 }
+
+/// Issue 21 (11): Ctrl-C (SIGINT) to `hold` stops the command, releases the
+/// run as FAILED and exits 130 as a shell expects (SIGTERM: 143).
+#[test]
+fn sigint_to_hold_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Sidecar::start(dir.path(), &[]);
+    let server = s.addr.to_string();
+    for (sig, want) in [
+        (nix::sys::signal::Signal::SIGINT, 130),
+        (nix::sys::signal::Signal::SIGTERM, 143),
+    ] {
+        let job = format!("sig-{}", want);
+        let mut child = Command::new(BIN)
+            .args(["hold", &job, "--server", &server, "--", "sleep", "30"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(want), "{sig:?}");
+        let out = anarchon(&["history", &job, "--server", &server, "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["runs"][0]["state"], "FAILED", "{v}");
+    }
+}

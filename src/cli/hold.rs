@@ -257,7 +257,8 @@ pub async fn hold(a: HoldArgs) -> ExitCode {
         }
         Ok(HeldRun::Stopped(r)) => {
             show(&r);
-            ExitCode::from(143)
+            // 130 after SIGINT (Ctrl-C), 143 after SIGTERM.
+            ExitCode::from(super::serve::stopped_exit_status())
         }
         Ok(HeldRun::Ran {
             claim,
