@@ -231,7 +231,6 @@ fn serve_until_exit(
             "--backend",
             backend,
         ])
-        .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -291,6 +290,10 @@ fn every_backend_gives_up_on_a_silent_server() {
             stderr.contains("cannot open backend"),
             "{url}: the error does not say why:\n{stderr}"
         );
+        assert!(
+            !stderr.contains('\u{1b}'),
+            "colour codes in logs written to a pipe: {stderr:?}"
+        );
         eprintln!("{url}: gave up after {took:.1?}");
     }
 }
@@ -321,4 +324,26 @@ fn sigint_to_hold_exits_130() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["runs"][0]["state"], "FAILED", "{v}");
     }
+}
+
+/// Issue 21 (10): a client error shows its cause, not a bare "transport error".
+#[test]
+fn client_errors_show_the_cause() {
+    let closed = common::process::free_addr().to_string();
+    let out = anarchon(&["claim", "x", "--server", &closed]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("transport error: ") && err.contains("Connection refused"),
+        "{err}"
+    );
+    let out = anarchon(&["history", "x", "--server", &closed, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Connection refused"),
+        "{v}"
+    );
 }

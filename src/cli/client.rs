@@ -65,7 +65,7 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the sidecar at {}: {e}", opts.server))?;
+        .map_err(|e| anyhow::Error::new(e).context(format!("cannot reach the sidecar at {}", opts.server)))?;
     Ok((
         pb::claims_client::ClaimsClient::with_interceptor(channel.clone(), Bearer(bearer.clone())),
         pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
@@ -86,28 +86,46 @@ pub fn parse_slot(s: &str) -> Result<i64, String> {
         .map_err(|_| format!("{s:?} is not epoch milliseconds or `now`"))
 }
 
+/// A status's message with its causes: a transport failure says more than
+/// `transport error` (connection refused, TLS, deadline, …).
+pub fn status_text(st: &Status) -> String {
+    let mut out = st.message().to_owned();
+    let mut next = std::error::Error::source(st);
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
 /// Prints a gRPC error (text or JSON) and returns exit status 1.
 pub fn print_status(json: bool, st: &Status) -> ExitCode {
     let reason = status_reason(st).unwrap_or_default();
+    let message = status_text(st);
     if json {
         println!(
             "{}",
-            json!({"error": {"code": format!("{:?}", st.code()), "reason": reason, "message": st.message()}})
+            json!({"error": {"code": format!("{:?}", st.code()), "reason": reason, "message": message}})
         );
     } else {
-        eprintln!("anarchon: {:?}: {}", st.code(), st.message());
+        eprintln!("anarchon: {:?}: {message}", st.code());
     }
     ExitCode::FAILURE
 }
 
 fn fail(json: bool, e: anyhow::Error) -> ExitCode {
+    let message = super::anyhow_chain(&e);
     if json {
         println!(
             "{}",
-            json!({"error": {"code": "Unavailable", "message": format!("{e:#}")}})
+            json!({"error": {"code": "Unavailable", "message": message}})
         );
     } else {
-        eprintln!("anarchon: {e:#}");
+        eprintln!("anarchon: {message}");
     }
     ExitCode::FAILURE
 }

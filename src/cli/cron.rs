@@ -172,8 +172,9 @@ pub async fn cron(a: CronArgs) -> ExitCode {
             Err(e) => {
                 if !waiting {
                     eprintln!(
-                        "anarchon cron: waiting for the sidecar at {}: {e:#} (retrying every second)",
-                        a.client.server
+                        "anarchon cron: waiting for the sidecar at {}: {} (retrying every second)",
+                        a.client.server,
+                        super::anyhow_chain(&e)
                     );
                     waiting = true;
                 }
@@ -283,7 +284,7 @@ pub async fn cron(a: CronArgs) -> ExitCode {
                         eprintln!(
                             "anarchon cron: claim failed: {:?}: {}",
                             st.code(),
-                            st.message()
+                            super::client::status_text(&st)
                         );
                         if Utc::now() >= deadline {
                             break;

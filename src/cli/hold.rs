@@ -202,7 +202,7 @@ pub async fn hold_run(
                 eprintln!(
                     "anarchon: release failed: {:?}: {}",
                     st.code(),
-                    st.message()
+                    super::client::status_text(&st)
                 );
             }
             HeldRun::Ran {
@@ -232,7 +232,7 @@ pub async fn hold(a: HoldArgs) -> ExitCode {
     let (mut c, _) = match connect(&a.client).await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("anarchon: {e:#}");
+            eprintln!("anarchon: {}", super::anyhow_chain(&e));
             return ExitCode::FAILURE;
         }
     };

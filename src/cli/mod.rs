@@ -17,10 +17,76 @@ use clap::{Args, Parser, Subcommand};
 
 pub use client::{connect, outcome_name, print_status};
 
+/// An error and its causes (`std::error::Error::source`), `: `-separated:
+/// `cannot reach the sidecar at X: transport error: tcp connect error:
+/// Connection refused (os error 111)`. A cause whose text is already shown
+/// (an io error wrapped with its own message as the source) is not repeated.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
+/// [`error_chain`] of an `anyhow` error (its contexts, then their causes).
+pub fn anyhow_chain(e: &anyhow::Error) -> String {
+    error_chain(e.as_ref())
+}
+
 /// Exit status when a claim was answered but not won.
 pub const EXIT_NOT_WON: u8 = 3;
 /// Exit status when `hold` lost its lease while the command ran.
 pub const EXIT_LEASE_LOST: u8 = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct E(&'static str, Option<Box<E>>);
+    impl std::fmt::Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for E {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn error_chains_show_each_cause_once() {
+        let e = E(
+            "transport error",
+            Some(Box::new(E(
+                "tcp connect error",
+                Some(Box::new(E("Connection refused (os error 111)", None))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&e),
+            "transport error: tcp connect error: Connection refused (os error 111)"
+        );
+        let io = E(
+            "/d: Permission denied (os error 13)",
+            Some(Box::new(E("Permission denied (os error 13)", None))),
+        );
+        assert_eq!(error_chain(&io), "/d: Permission denied (os error 13)");
+        let a = anyhow::Error::new(io).context("cannot load the node identity");
+        assert_eq!(
+            anyhow_chain(&a),
+            "cannot load the node identity: /d: Permission denied (os error 13)"
+        );
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(

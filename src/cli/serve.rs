@@ -157,14 +157,14 @@ pub fn serve(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
         let listeners = match Listeners::bind(&cfg).await {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!(error = format!("{e:#}"), "cannot bind");
+                tracing::error!(error = super::anyhow_chain(&e), "cannot bind");
                 return ExitCode::FAILURE;
             }
         };
         match server::run(cfg, listeners, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                tracing::error!(error = format!("{e:#}"), "sidecar failed");
+                tracing::error!(error = super::anyhow_chain(&e), "sidecar failed");
                 ExitCode::FAILURE
             }
         }
