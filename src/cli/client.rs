@@ -154,9 +154,11 @@ fn state_name(s: i32) -> &'static str {
 }
 
 /// Options of a claim, shared by `claim` and `hold`.
+///
+/// Durations take `1500ms`, `30s`, `2m`, … or bare milliseconds.
 #[derive(Debug, Clone, Args)]
 pub struct ClaimOpts {
-    /// The job name.
+    /// The job name: 1-200 bytes of [A-Za-z0-9._:/-].
     pub job: String,
     /// The slot: epoch milliseconds, or `now`. 0 is a lock not tied to time.
     #[arg(long, default_value = "0", value_parser = parse_slot)]
@@ -164,17 +166,25 @@ pub struct ClaimOpts {
     /// Resend with this token (32 hex) instead of a new one.
     #[arg(long)]
     pub token: Option<String>,
-    #[arg(long)]
+    /// Lease of the run (lease backends); renewed by `hold`. At least
+    /// 3 x the sidecar's heartbeat [default: the sidecar's lease_ms, 30s].
+    #[arg(long, visible_aliases = ["lease", "ttl"], value_name = "DURATION", value_parser = crate::duration::parse_lease_ms)]
     pub lease_ms: Option<i64>,
-    #[arg(long)]
+    /// How late after the slot a run may still start (never for slot 0)
+    /// [default: the sidecar's max_late_ms, 60s].
+    #[arg(long, visible_alias = "max-late", value_name = "DURATION", value_parser = crate::duration::parse_ms_i64)]
     pub max_late_ms: Option<i64>,
-    /// allow or skip.
+    /// allow or skip: whether the run may start while another run of the job
+    /// runs [default: the sidecar's overlap, allow].
     #[arg(long)]
     pub overlap: Option<String>,
+    /// Attempts (first run + takeovers) before the run is INTERRUPTED
+    /// [default: the sidecar's max_attempts, 3].
     #[arg(long)]
     pub max_attempts: Option<u32>,
-    /// Wait up to this long for a running run to become free.
-    #[arg(long)]
+    /// Wait up to this long for a running run to become free (lease
+    /// backends) [default: 0, answer at once].
+    #[arg(long, visible_alias = "wait", value_name = "DURATION", value_parser = crate::duration::parse_ms_i64)]
     pub wait_ms: Option<i64>,
 }
 
@@ -224,10 +234,11 @@ pub fn claim_text(job: &str, slot: i64, r: &pb::ClaimResponse) -> String {
         s += &format!(" attempt={}", r.attempt);
     }
     if !r.token.is_empty() {
-        s += &format!(
-            " fencing={} token={} valid_for={}ms",
-            r.fencing, r.token, r.valid_for_ms
-        );
+        s += &format!(" fencing={} token={}", r.fencing, r.token);
+        // Once backends have no leases: nothing runs out, so no valid_for.
+        if r.lease_until_ms > 0 {
+            s += &format!(" valid_for={}ms", r.valid_for_ms);
+        }
     }
     if let Some(h) = &r.holder {
         s += &format!(" holder={}/{}", h.node, h.instance);
@@ -276,12 +287,17 @@ pub async fn claim(a: ClaimArgs) -> ExitCode {
 
 #[derive(Debug, Args)]
 pub struct RenewArgs {
+    /// The job of the run you hold.
     pub job: String,
+    /// The slot of the run you hold: epoch milliseconds, or `now`.
     #[arg(long, value_parser = parse_slot)]
     pub slot: i64,
+    /// The token the claim answered (32 hex).
     #[arg(long)]
     pub token: String,
-    #[arg(long)]
+    /// The new lease, from now (`30s`, `2m`, … or bare milliseconds)
+    /// [default: the lease the run was claimed with].
+    #[arg(long, visible_aliases = ["lease", "ttl"], value_name = "DURATION", value_parser = crate::duration::parse_lease_ms)]
     pub lease_ms: Option<i64>,
     #[command(flatten)]
     pub client: ClientOpts,
@@ -321,9 +337,12 @@ pub async fn renew(a: RenewArgs) -> ExitCode {
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
+    /// The job of the run you hold.
     pub job: String,
+    /// The slot of the run you hold: epoch milliseconds, or `now`.
     #[arg(long, value_parser = parse_slot)]
     pub slot: i64,
+    /// The token the claim answered (32 hex).
     #[arg(long)]
     pub token: String,
     /// Record the run as FAILED instead of SUCCEEDED.
@@ -366,7 +385,9 @@ pub async fn release(a: ReleaseArgs) -> ExitCode {
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
+    /// The job name.
     pub job: String,
+    /// How many runs to show, newest first (at most 1000).
     #[arg(long, default_value_t = 20)]
     pub limit: u32,
     /// Only slots before this one (paging).
@@ -409,8 +430,8 @@ pub async fn history(a: HistoryArgs) -> ExitCode {
                 );
             } else {
                 println!(
-                    "{:<15} {:>7} {:<12} {:<45} {:>15} {:>15}",
-                    "SLOT", "ATTEMPT", "STATE", "HOLDER", "CLAIMED_AT", "FINISHED_AT"
+                    "{:<15} {:>7} {:>7} {:<12} {:<45} {:<24} {}",
+                    "SLOT", "ATTEMPT", "FENCING", "STATE", "HOLDER", "CLAIMED_AT", "FINISHED_AT"
                 );
                 for x in &r.runs {
                     let h = x
@@ -419,13 +440,14 @@ pub async fn history(a: HistoryArgs) -> ExitCode {
                         .map(|h| format!("{}/{}", h.node, h.instance))
                         .unwrap_or_default();
                     println!(
-                        "{:<15} {:>7} {:<12} {:<45} {:>15} {:>15}",
+                        "{:<15} {:>7} {:>7} {:<12} {:<45} {:<24} {}",
                         x.slot_ms,
                         x.attempt,
+                        x.fencing,
                         state_name(x.state),
                         h,
-                        x.claimed_at_ms,
-                        x.finished_at_ms
+                        rfc3339(x.claimed_at_ms),
+                        rfc3339(x.finished_at_ms)
                     );
                 }
                 println!("# backend {}: {}", r.backend, r.retention);
@@ -437,6 +459,16 @@ pub async fn history(a: HistoryArgs) -> ExitCode {
         }
         Err(st) => print_status(json, &st),
     }
+}
+
+/// Epoch milliseconds as RFC 3339 (UTC, milliseconds); `-` for 0 (not yet).
+pub fn rfc3339(ms: i64) -> String {
+    if ms <= 0 {
+        return "-".into();
+    }
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
 }
 
 #[derive(Debug, Args)]

@@ -25,8 +25,8 @@ use crate::proto as pb;
     after_help = "Example:\n  anarchon cron '*/5 * * * *' --job nightly-report --tz Europe/Prague --max-late 30s --lease 2m --overlap skip -- ./report.sh"
 )]
 pub struct CronArgs {
-    /// The schedule: 5 fields (minute…weekday), 6 with seconds first, or an
-    /// alias such as @hourly.
+    /// The schedule: 5 fields (minute…weekday), 6 with seconds first, 7 with
+    /// a year last, or an alias such as @hourly.
     pub schedule: String,
     /// The job name (every instance must use the same one).
     #[arg(long)]
@@ -34,23 +34,26 @@ pub struct CronArgs {
     /// Time zone of the schedule (IANA name). DST gaps and repeats are handled.
     #[arg(long, default_value = "UTC")]
     pub tz: String,
-    /// How late after its tick a run may still start.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    /// How late after its tick a run may still start; older ticks are
+    /// reported as MISSED. At least 1s.
+    #[arg(long, visible_alias = "max-late-ms", value_name = "DURATION", default_value = "30s", value_parser = crate::duration::parse)]
     pub max_late: Duration,
-    /// Lease of a run (renewed while the command runs).
-    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    /// Lease of a run, renewed while the command runs; at least 3 x the
+    /// sidecar's heartbeat.
+    #[arg(long, visible_aliases = ["lease-ms", "ttl"], value_name = "DURATION", default_value = "2m", value_parser = crate::duration::parse)]
     pub lease: Duration,
     /// allow or skip: whether a tick may start while the previous run still runs.
     #[arg(long, default_value = "allow")]
     pub overlap: String,
-    /// Attempts before a tick's run is interrupted.
+    /// Attempts (first run + takeovers) before a tick's run is INTERRUPTED
+    /// [default: the sidecar's max_attempts, 3].
     #[arg(long)]
     pub max_attempts: Option<u32>,
     /// How often a tick held elsewhere is claimed again.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, visible_alias = "retry", value_name = "DURATION", default_value = "1s", value_parser = crate::duration::parse_ms)]
     pub retry_ms: u64,
     /// How long the command gets between SIGTERM and SIGKILL.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, visible_alias = "grace", value_name = "DURATION", default_value = "5s", value_parser = crate::duration::parse_ms)]
     pub grace_ms: u64,
     #[command(flatten)]
     pub client: ClientOpts,
@@ -153,6 +156,18 @@ pub async fn cron(a: CronArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    if a.max_late < Duration::from_secs(1) {
+        eprintln!(
+            "anarchon: --max-late {} is shorter than 1s: every tick would be late (a bare number is milliseconds; did you mean {}s?)",
+            crate::duration::human(a.max_late),
+            a.max_late.as_millis()
+        );
+        return ExitCode::from(2);
+    }
+    if a.lease.is_zero() {
+        eprintln!("anarchon: --lease must be positive (e.g. 2m)");
+        return ExitCode::from(2);
+    }
     let overlap = match a.overlap.to_ascii_lowercase().as_str() {
         "allow" => pb::Overlap::Allow,
         "skip" => pb::Overlap::Skip,
@@ -226,7 +241,7 @@ pub async fn cron(a: CronArgs) -> ExitCode {
                 "anarchon cron: MISSED {missed} tick(s) of {} from {} (older than max-late {}); not running them",
                 a.job,
                 planned,
-                humantime::format_duration(a.max_late)
+                crate::duration::human(a.max_late)
             );
         }
         if let Some(tick) = tick {

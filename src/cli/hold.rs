@@ -23,8 +23,9 @@ pub struct HoldArgs {
     pub claim: ClaimOpts,
     #[command(flatten)]
     pub client: ClientOpts,
-    /// How long CMD gets between SIGTERM and SIGKILL when the lease is lost.
-    #[arg(long, default_value_t = 5000)]
+    /// How long CMD gets between SIGTERM and SIGKILL when the lease is lost
+    /// (`5s`, `1500ms`, … or bare milliseconds).
+    #[arg(long, visible_alias = "grace", value_name = "DURATION", default_value = "5000", value_parser = crate::duration::parse_ms)]
     pub grace_ms: u64,
     /// The command to run while holding the run.
     #[arg(last = true, required = true, value_name = "CMD")]

@@ -112,7 +112,9 @@ pub enum Command {
     Release(client::ReleaseArgs),
     /// Show the runs of a job, newest first.
     History(client::HistoryArgs),
-    /// Claim, run CMD while renewing, release with its exit status.
+    /// Claim, run CMD while renewing, release with its exit status
+    /// (alias: lock, as in `etcdctl lock` / `consul lock`).
+    #[command(visible_alias = "lock")]
     Hold(hold::HoldArgs),
     /// Run CMD once per tick of a cron schedule across the whole fleet.
     Cron(cron::CronArgs),
@@ -144,6 +146,7 @@ pub struct ClientOpts {
     /// Client certificate (PEM) for a sidecar that requires mTLS.
     #[arg(long, value_name = "FILE", requires = "tls_client_key")]
     pub tls_client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-client-cert.
     #[arg(long, value_name = "FILE", requires = "tls_client_cert")]
     pub tls_client_key: Option<PathBuf>,
 }
