@@ -272,7 +272,7 @@ impl NatsStore {
                     &format!("cannot connect to {}", redact(url)),
                     format!(
                         "no NATS greeting within {} (timeout_ms); is it a NATS server?",
-                        humantime::format_duration(timeout)
+                        crate::duration::human(timeout)
                     ),
                 )
             })?
@@ -310,7 +310,7 @@ impl NatsStore {
                     "a claimed slot is remembered for duplicate_window_ms ({}) after its claim \
                      was stored; claims and results stay readable in History for the stream's \
                      max_age",
-                    humantime::format_duration(Duration::from_millis(*duplicate_window_ms))
+                    crate::duration::human(Duration::from_millis(*duplicate_window_ms))
                 ),
             },
         })
@@ -639,7 +639,7 @@ impl Store for NatsStore {
         } else {
             format!(
                 "for the stream's max_age ({})",
-                humantime::format_duration(self.max_age)
+                crate::duration::human(self.max_age)
             )
         };
         let mut note = format!(

@@ -108,7 +108,7 @@ where
 pub(super) fn retention_note(retention: Duration) -> String {
     format!(
         "runs are kept {} after they are claimed (longer than any late claim may ask)",
-        humantime::format_duration(retention)
+        crate::duration::human(retention)
     )
 }
 

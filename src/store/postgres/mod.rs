@@ -162,8 +162,19 @@ pub(super) fn parse_url(url: &str) -> Result<Backend> {
 }
 
 /// The table prefix goes into identifiers, so it is held to
-/// `[a-z_][a-z0-9_]{0,40}`.
+/// `[a-z_][a-z0-9_]{0,40}`, not ending in `_` (the tables are
+/// `<prefix>_runs`, …: `x_` would make `x__runs`).
 fn check_table(table: &str) -> Result<()> {
+    if table.ends_with('_') {
+        return Err(Error::invalid(
+            "table",
+            format!(
+                "{table:?} must not end with _: the tables are named {table}_runs, {table}_jobs, …; \
+                 use {:?}",
+                table.trim_end_matches('_')
+            ),
+        ));
+    }
     let ok = table.len() <= 41
         && table
             .bytes()
@@ -388,6 +399,16 @@ impl PostgresStore {
             // Reachable at start, or the sidecar does not start.
             let mut conn = pool.acquire().await.map_err(Fail::into_error)?;
             migrate(&mut conn, table).await?;
+            // A bare postgres:// URL picks the database and user from the
+            // environment (often the OS user): say which at start.
+            if let Ok((db, user)) = sqlx::query_as::<_, (String, String)>(
+                "SELECT current_database()::text, current_user::text",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            {
+                tracing::info!(database = %db, user = %user, tables = %format!("{table}_*"), "postgres store");
+            }
             conn.done();
         }
         Ok(PostgresStore {
@@ -895,14 +916,14 @@ mod tests {
 
     #[test]
     fn table_prefix_is_checked_and_named() {
-        for bad in ["", "1abc", "A", "a-b", "a;drop", &"a".repeat(42), "ü"] {
+        for bad in ["", "1abc", "A", "a-b", "a;drop", &"a".repeat(42), "ü", "x_", "_"] {
             let e = parse_url(&format!("postgres://u@h/db?table={bad}")).unwrap_err();
             assert!(
                 matches!(e, Error::InvalidArgument { field: "table", .. }),
                 "{bad}: {e}"
             );
         }
-        for good in ["_", "a", "anarchon", "t_0f", &"a".repeat(41)] {
+        for good in ["_a", "a", "anarchon", "t_0f", &"a".repeat(41)] {
             assert!(parse_url(&format!("postgres://u@h/db?table={good}")).is_ok());
         }
         let e = parse_url("postgres://u@h/db?max_connections=0").unwrap_err();

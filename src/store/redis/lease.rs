@@ -93,7 +93,7 @@ impl LeaseStore {
                 full_history: true,
                 retention: format!(
                     "runs are kept {} after they are claimed (longer than any late claim may ask); each job's event stream holds about its last {} events",
-                    humantime::format_duration(opts.retention),
+                    crate::duration::human(opts.retention),
                     cfg.history_maxlen
                 ),
             },
