@@ -150,6 +150,24 @@ impl From<Error> for Status {
     }
 }
 
+/// An error and its causes (`std::error::Error::source`), `: `-separated:
+/// `transport error: tcp connect error: Connection refused (os error 111)`.
+/// A cause whose text is already shown (an io error wrapped with its own
+/// message as the source) is not repeated.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
 /// Reads the machine-readable reason from a status (client side).
 pub fn status_reason(status: &Status) -> Option<String> {
     status

@@ -476,3 +476,69 @@ fn history_text_and_once_backend_claims_read_well() {
     assert!(line.starts_with("WON"), "{line}");
     assert!(!line.contains("valid_for"), "a once backend has no lease: {line}");
 }
+
+/// Issue 21 (6): a lone sidecar's `watch` starts with itself; a configured
+/// `--peer` that never answers is listed by `peers` (address, last error),
+/// counted in `anarchon_links{state="UNREACHABLE"}` and logged.
+#[test]
+fn watch_shows_self_and_peers_shows_an_unreachable_peer() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let nobody = common::process::free_addr().to_string();
+    let s = Sidecar::start(
+        dir.path(),
+        &["--peer", &nobody, "--heartbeat-ms", "100", "--expiry-ms", "1000"],
+    );
+    let server = s.addr.to_string();
+    let mut w = Command::new(BIN)
+        .args(["watch", "--json", "--server", &server])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let _ = w.kill();
+    let _ = w.wait();
+    assert_eq!(first["event"], "SNAPSHOT", "{first}");
+    assert_eq!(first["peer"]["address"], server.as_str(), "self first: {first}");
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let peer = loop {
+        let out = anarchon(&["peers", "--json", "--server", &server]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let found = v["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["address"] == nobody.as_str())
+            .cloned();
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(std::time::Instant::now() < deadline, "never listed: {v}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(peer["state"], "UNREACHABLE", "{peer}");
+    assert!(
+        peer["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Connection refused")),
+        "{peer}"
+    );
+    let text = String::from_utf8_lossy(&anarchon(&["peers", "--server", &server]).stdout)
+        .into_owned();
+    assert!(
+        text.contains(&nobody) && text.contains("UNREACHABLE"),
+        "{text}"
+    );
+    let metrics = common::process::http_get_blocking(s.admin, "/metrics");
+    assert!(
+        metrics.contains("anarchon_links{state=\"UNREACHABLE\"} 1"),
+        "{metrics}"
+    );
+    let log = std::fs::read_to_string(&s.log).unwrap();
+    assert!(
+        log.contains("configured peer is unreachable") && log.contains(&nobody),
+        "{log}"
+    );
+}

@@ -506,15 +506,21 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
                             .map(|s| s.as_str_name().trim_start_matches("LINK_"))
                             .unwrap_or("?")
                     };
+                    // A configured peer that never answered: no node yet,
+                    // and why it is unreachable.
+                    let (node, beat, error) = if p.node.is_empty() {
+                        let e = p.labels.get("last_error").cloned().unwrap_or_default();
+                        ("-".to_owned(), "never".to_owned(), format!(" ({e})"))
+                    } else {
+                        (
+                            p.node.clone(),
+                            format!("{:.1}s ago", p.beat_age_ms as f64 / 1000.0),
+                            String::new(),
+                        )
+                    };
                     println!(
-                        "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}",
-                        p.node,
-                        p.instance,
-                        p.restarts,
-                        state,
-                        link,
-                        format!("{:.1}s ago", p.beat_age_ms as f64 / 1000.0),
-                        p.address
+                        "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}{error}",
+                        node, p.instance, p.restarts, state, link, beat, p.address
                     );
                 }
             }
@@ -537,7 +543,8 @@ fn peer_json(p: &pb::Peer) -> serde_json::Value {
     json!({"node": p.node, "instance": p.instance, "restarts": p.restarts,
            "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
            "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
-           "beat": p.beat, "beat_age_ms": p.beat_age_ms, "address": p.address})
+           "beat": p.beat, "beat_age_ms": p.beat_age_ms, "address": p.address,
+           "last_error": p.labels.get("last_error")})
 }
 
 /// Streams peer events until interrupted: one line (or JSON object) each.

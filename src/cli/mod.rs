@@ -17,23 +17,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub use client::{connect, outcome_name, print_status};
 
-/// An error and its causes (`std::error::Error::source`), `: `-separated:
-/// `cannot reach the sidecar at X: transport error: tcp connect error:
-/// Connection refused (os error 111)`. A cause whose text is already shown
-/// (an io error wrapped with its own message as the source) is not repeated.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !text.is_empty() && !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = cause.source();
-    }
-    out
-}
+pub use crate::error::error_chain;
 
 /// [`error_chain`] of an `anyhow` error (its contexts, then their causes).
 pub fn anyhow_chain(e: &anyhow::Error) -> String {
