@@ -452,7 +452,10 @@ mod tests {
         std::fs::write(&f, "bogus_key = 1\n").unwrap();
         let e = Config::load(Some(&f), Default::default()).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("unknown key `bogus_key`; known keys: listen, "), "{msg}");
+        assert!(
+            msg.contains("unknown key `bogus_key`; known keys: listen, "),
+            "{msg}"
+        );
         assert_eq!(msg.matches('`').count() % 2, 0, "unbalanced quoting: {msg}");
         assert!(!msg.contains("`one of"), "{msg}");
     }

@@ -354,8 +354,8 @@ fn client_errors_show_the_cause() {
 #[test]
 fn help_describes_every_flag() {
     let subcommands = [
-        "serve", "claim", "renew", "release", "history", "hold", "lock", "cron", "peers",
-        "watch", "check", "bench",
+        "serve", "claim", "renew", "release", "history", "hold", "lock", "cron", "peers", "watch",
+        "check", "bench",
     ];
     for sub in subcommands {
         let out = anarchon(&[sub, "-h"]);
@@ -384,13 +384,18 @@ fn help_describes_every_flag() {
             // The flag (and its value name) end at the first double space;
             // in clap's long layout the description is on the next line,
             // indented deeper.
-            let inline = t.split_once("  ").is_some_and(|(_, d)| !d.trim().is_empty());
+            let inline = t
+                .split_once("  ")
+                .is_some_and(|(_, d)| !d.trim().is_empty());
             let below = lines.get(i + 1).is_some_and(|n| {
                 let nt = n.trim_start();
                 !nt.is_empty() && n.len() - nt.len() > indent
             });
             let described = inline || below;
-            assert!(described, "`anarchon {sub}`: no description: {line:?}\n{help}");
+            assert!(
+                described,
+                "`anarchon {sub}`: no description: {line:?}\n{help}"
+            );
         }
     }
     // Client subcommands show their defaults, too.
@@ -405,7 +410,15 @@ fn help_describes_every_flag() {
     let s = Sidecar::start(dir.path(), &[]);
     let server = s.addr.to_string();
     let out = anarchon(&[
-        "claim", "dur-job", "--ttl", "5s", "--max-late", "2m", "--server", &server, "--json",
+        "claim",
+        "dur-job",
+        "--ttl",
+        "5s",
+        "--max-late",
+        "2m",
+        "--server",
+        &server,
+        "--json",
     ]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -417,8 +430,17 @@ fn help_describes_every_flag() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["valid_for_ms"], 5000, "renew keeps the claimed lease");
     let out = anarchon(&[
-        "renew", "dur-job", "--slot", "0", "--token", &token, "--lease-ms", "7000", "--server",
-        &server, "--json",
+        "renew",
+        "dur-job",
+        "--slot",
+        "0",
+        "--token",
+        &token,
+        "--lease-ms",
+        "7000",
+        "--server",
+        &server,
+        "--json",
     ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["valid_for_ms"], 7000, "a bare number is milliseconds");
@@ -474,7 +496,10 @@ fn history_text_and_once_backend_claims_read_well() {
     let out = anarchon(&["claim", "once-job", "--server", &o.addr.to_string()]);
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(line.starts_with("WON"), "{line}");
-    assert!(!line.contains("valid_for"), "a once backend has no lease: {line}");
+    assert!(
+        !line.contains("valid_for"),
+        "a once backend has no lease: {line}"
+    );
 }
 
 /// Issue 21 (6): a lone sidecar's `watch` starts with itself; a configured
@@ -487,7 +512,14 @@ fn watch_shows_self_and_peers_shows_an_unreachable_peer() {
     let nobody = common::process::free_addr().to_string();
     let s = Sidecar::start(
         dir.path(),
-        &["--peer", &nobody, "--heartbeat-ms", "100", "--expiry-ms", "1000"],
+        &[
+            "--peer",
+            &nobody,
+            "--heartbeat-ms",
+            "100",
+            "--expiry-ms",
+            "1000",
+        ],
     );
     let server = s.addr.to_string();
     let mut w = Command::new(BIN)
@@ -500,7 +532,11 @@ fn watch_shows_self_and_peers_shows_an_unreachable_peer() {
     let _ = w.kill();
     let _ = w.wait();
     assert_eq!(first["event"], "SNAPSHOT", "{first}");
-    assert_eq!(first["peer"]["address"], server.as_str(), "self first: {first}");
+    assert_eq!(
+        first["peer"]["address"],
+        server.as_str(),
+        "self first: {first}"
+    );
 
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let peer = loop {
@@ -525,8 +561,8 @@ fn watch_shows_self_and_peers_shows_an_unreachable_peer() {
             .is_some_and(|e| e.contains("Connection refused")),
         "{peer}"
     );
-    let text = String::from_utf8_lossy(&anarchon(&["peers", "--server", &server]).stdout)
-        .into_owned();
+    let text =
+        String::from_utf8_lossy(&anarchon(&["peers", "--server", &server]).stdout).into_owned();
     assert!(
         text.contains(&nobody) && text.contains("UNREACHABLE"),
         "{text}"

@@ -332,7 +332,10 @@ async fn cron_waits_for_a_sidecar_that_is_not_up_yet() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     c.terminate();
     let log = std::fs::read_to_string(&c.log).unwrap();
-    assert!(!runs(&out).is_empty(), "no tick ran once the sidecar was up: {log}");
+    assert!(
+        !runs(&out).is_empty(),
+        "no tick ran once the sidecar was up: {log}"
+    );
 }
 
 /// Issue 21 (7): a 3 s sidecar outage delays ticks but misses none: ticks a
@@ -360,7 +363,10 @@ async fn a_short_sidecar_outage_misses_no_tick() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     c.terminate();
     let log = std::fs::read_to_string(&c.log).unwrap();
-    assert!(!log.contains("MISSED"), "ticks within max-late reported as missed: {log}");
+    assert!(
+        !log.contains("MISSED"),
+        "ticks within max-late reported as missed: {log}"
+    );
     let mut slots: Vec<i64> = runs(&out).iter().map(|r| r.1).collect();
     slots.sort();
     slots.dedup();

@@ -660,7 +660,11 @@ async fn standard_tools_reflection_health_metrics_and_bad_bodies() {
             .expect("reflection v1alpha is served")
             .into_inner();
         let list = format!("{:?}", resp.message().await.unwrap().unwrap());
-        for svc in ["anarchon.v1.Claims", "anarchon.v1.Mesh", "grpc.health.v1.Health"] {
+        for svc in [
+            "anarchon.v1.Claims",
+            "anarchon.v1.Mesh",
+            "grpc.health.v1.Health",
+        ] {
             assert!(list.contains(svc), "v1alpha lists no {svc}: {list}");
         }
         let file = format!("{:?}", resp.message().await.unwrap().unwrap());
@@ -723,7 +727,10 @@ async fn standard_tools_reflection_health_metrics_and_bad_bodies() {
     let (head, text) = common::http_get_with(s.admin, "/metrics", &[]).await;
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
     assert!(text.contains("# HELP anarchon_claims_total "), "{text}");
-    assert!(text.contains("# TYPE anarchon_claims_total counter"), "{text}");
+    assert!(
+        text.contains("# TYPE anarchon_claims_total counter"),
+        "{text}"
+    );
     assert!(!text.contains("# EOF"), "{text}");
     let (head, om) = common::http_get_with(
         s.admin,

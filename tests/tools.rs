@@ -43,7 +43,10 @@ fn prometheus_parsers_and_python_reflection_accept_the_sidecar() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let out = Command::new("python3")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/check_tools.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/tools/check_tools.py"
+        ))
         .args([&server, &s.admin.to_string()])
         .output()
         .unwrap();

@@ -62,10 +62,9 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         }
         endpoint = endpoint.tls_config(tls)?;
     }
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| anyhow::Error::new(e).context(format!("cannot reach the sidecar at {}", opts.server)))?;
+    let channel = endpoint.connect().await.map_err(|e| {
+        anyhow::Error::new(e).context(format!("cannot reach the sidecar at {}", opts.server))
+    })?;
     Ok((
         pb::claims_client::ClaimsClient::with_interceptor(channel.clone(), Bearer(bearer.clone())),
         pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
@@ -430,8 +429,8 @@ pub async fn history(a: HistoryArgs) -> ExitCode {
                 );
             } else {
                 println!(
-                    "{:<15} {:>7} {:>7} {:<12} {:<45} {:<24} {}",
-                    "SLOT", "ATTEMPT", "FENCING", "STATE", "HOLDER", "CLAIMED_AT", "FINISHED_AT"
+                    "{:<15} {:>7} {:>7} {:<12} {:<45} {:<24} FINISHED_AT",
+                    "SLOT", "ATTEMPT", "FENCING", "STATE", "HOLDER", "CLAIMED_AT"
                 );
                 for x in &r.runs {
                     let h = x

@@ -336,8 +336,7 @@ impl Mesh {
     /// Records a failed dial of a configured address (logged once per
     /// address at warn, then at debug).
     fn note_unreachable(&self, addr: &str, error: &str) {
-        let configured =
-            self.cfg.peers.iter().any(|p| p == addr) || lock(&self.dns).contains(addr);
+        let configured = self.cfg.peers.iter().any(|p| p == addr) || lock(&self.dns).contains(addr);
         if !configured {
             return;
         }

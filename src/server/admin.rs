@@ -81,10 +81,7 @@ async fn mesh_state(
 
 /// Prometheus text format 0.0.4 by default; OpenMetrics when the `Accept`
 /// header asks for it (as Prometheus does).
-async fn metrics(
-    State(s): State<AdminState>,
-    headers: axum::http::HeaderMap,
-) -> impl IntoResponse {
+async fn metrics(State(s): State<AdminState>, headers: axum::http::HeaderMap) -> impl IntoResponse {
     s.metrics.sync_mesh(&s.mesh.counters());
     let accept = headers
         .get(header::ACCEPT)
@@ -92,7 +89,10 @@ async fn metrics(
         .unwrap_or_default();
     if super::metrics::wants_openmetrics(accept) {
         (
-            [(header::CONTENT_TYPE, super::metrics::OPENMETRICS_CONTENT_TYPE)],
+            [(
+                header::CONTENT_TYPE,
+                super::metrics::OPENMETRICS_CONTENT_TYPE,
+            )],
             s.metrics.render(),
         )
     } else {

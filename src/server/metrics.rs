@@ -238,9 +238,18 @@ mod tests {
         assert!(om.contains("# TYPE anarchon_takeovers counter"), "{om}");
         assert!(om.ends_with("# EOF\n"), "{om}");
         let text = m.render_text();
-        assert!(text.contains("# HELP anarchon_takeovers_total Runs won"), "{text}");
-        assert!(text.contains("# TYPE anarchon_takeovers_total counter"), "{text}");
-        assert!(text.contains("# TYPE anarchon_claims_total counter"), "{text}");
+        assert!(
+            text.contains("# HELP anarchon_takeovers_total Runs won"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE anarchon_takeovers_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE anarchon_claims_total counter"),
+            "{text}"
+        );
         assert!(text.contains("anarchon_takeovers_total 1"), "{text}");
         assert!(text.contains("# TYPE anarchon_holds_open gauge"), "{text}");
         assert!(!text.contains("# EOF"), "{text}");
@@ -251,10 +260,14 @@ mod tests {
         assert!(!wants_openmetrics(""));
         assert!(!wants_openmetrics("*/*"));
         assert!(!wants_openmetrics("text/plain;version=0.0.4"));
-        assert!(wants_openmetrics("application/openmetrics-text; version=1.0.0"));
+        assert!(wants_openmetrics(
+            "application/openmetrics-text; version=1.0.0"
+        ));
         assert!(wants_openmetrics(
             "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
         ));
-        assert!(!wants_openmetrics("application/openmetrics-text;q=0,text/plain"));
+        assert!(!wants_openmetrics(
+            "application/openmetrics-text;q=0,text/plain"
+        ));
     }
 }

@@ -358,7 +358,11 @@ mod tests {
             lease_ms: 0,
             ..ren.clone()
         };
-        assert_eq!(renew(&keep, &d).unwrap().lease_ms, 0, "0 keeps the run's lease");
+        assert_eq!(
+            renew(&keep, &d).unwrap().lease_ms,
+            0,
+            "0 keeps the run's lease"
+        );
         assert_eq!(
             field(history(&pb::HistoryRequest {
                 job: "j".into(),

@@ -443,10 +443,7 @@ pub async fn lock_slot_zero(s: &dyn Store) {
     // A takeover of the lock (its holder died) is the next attempt.
     let mut dead = none();
     dead.mark_dead(holder("b", 1));
-    let taken = s
-        .claim(&spec(&j, 0, &holder("c", 1)), &dead)
-        .await
-        .unwrap();
+    let taken = s.claim(&spec(&j, 0, &holder("c", 1)), &dead).await.unwrap();
     assert_eq!((taken.outcome, taken.attempt), (Outcome::Won, 2));
     assert!(taken.fencing > next.fencing);
     let h = s.history(&j, 5, None).await.unwrap();
@@ -500,7 +497,10 @@ pub async fn renew_keeps_the_claimed_lease(s: &dyn Store) {
     };
     let renewed = s.renew(&r, &none()).await.unwrap();
     let left = renewed.lease_until_ms - renewed.now_ms;
-    assert_eq!(left, 5_000, "renew without a lease keeps the claim's: {renewed:?}");
+    assert_eq!(
+        left, 5_000,
+        "renew without a lease keeps the claim's: {renewed:?}"
+    );
     // An explicit lease is used, and does not replace the claimed one.
     r.lease_ms = 20_000;
     let renewed = s.renew(&r, &none()).await.unwrap();

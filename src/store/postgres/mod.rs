@@ -916,7 +916,17 @@ mod tests {
 
     #[test]
     fn table_prefix_is_checked_and_named() {
-        for bad in ["", "1abc", "A", "a-b", "a;drop", &"a".repeat(42), "ü", "x_", "_"] {
+        for bad in [
+            "",
+            "1abc",
+            "A",
+            "a-b",
+            "a;drop",
+            &"a".repeat(42),
+            "ü",
+            "x_",
+            "_",
+        ] {
             let e = parse_url(&format!("postgres://u@h/db?table={bad}")).unwrap_err();
             assert!(
                 matches!(e, Error::InvalidArgument { field: "table", .. }),
