@@ -224,6 +224,22 @@ fn labels<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D
     Ok(out)
 }
 
+/// figment's message, without its nested backticks for a list of choices
+/// (``expected `one of `a`, `b``` reads as unbalanced quoting).
+fn kind_message(kind: &figment::error::Kind) -> String {
+    use figment::error::Kind;
+    let list = |exp: &[&str]| exp.join(", ");
+    match kind {
+        Kind::UnknownField(found, exp) => {
+            format!("unknown key `{found}`; known keys: {}", list(exp))
+        }
+        Kind::UnknownVariant(found, exp) => {
+            format!("unknown value `{found}`; expected one of: {}", list(exp))
+        }
+        other => other.to_string(),
+    }
+}
+
 impl Config {
     /// Layers defaults, `file`, the environment and `overrides` (flags that
     /// were given, as a key → value map), then validates.
@@ -250,10 +266,15 @@ impl Config {
         let cfg: Config = fig.extract().map_err(|e| {
             let key = e.path.join(".");
             let key = if key.is_empty() { "config".into() } else { key };
-            ConfigError::new(&key, e.kind.to_string())
+            ConfigError::new(&key, kind_message(&e.kind))
         })?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The shortest lease a claim may ask for: 3 × `heartbeat_ms`.
+    pub fn min_lease_ms(&self) -> u64 {
+        self.heartbeat_ms.saturating_mul(3)
     }
 
     /// Checks every value; the error names the key.
@@ -273,8 +294,14 @@ impl Config {
                 ),
             ));
         }
-        if self.lease_ms == 0 {
-            return Err(err("lease_ms", "must be positive"));
+        if self.lease_ms < self.min_lease_ms() {
+            return Err(err(
+                "lease_ms",
+                format!(
+                    "must be at least 3 × heartbeat_ms ({} ms)",
+                    self.min_lease_ms()
+                ),
+            ));
         }
         if self.lease_ms > self.max_lease_ms {
             return Err(err(
@@ -427,6 +454,21 @@ mod tests {
         let c = Config::load(Some(&f), flags(json!({"expiry_ms": 1500}))).unwrap();
         assert_eq!((c.heartbeat_ms, c.expiry_ms), (200, 1500));
         assert_eq!(c.label.get("zone").map(String::as_str), Some("a"));
+    }
+
+    #[test]
+    fn unknown_key_message_quotes_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("anarchon.toml");
+        std::fs::write(&f, "bogus_key = 1\n").unwrap();
+        let e = Config::load(Some(&f), Default::default()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("unknown key `bogus_key`; known keys: listen, "),
+            "{msg}"
+        );
+        assert_eq!(msg.matches('`').count() % 2, 0, "unbalanced quoting: {msg}");
+        assert!(!msg.contains("`one of"), "{msg}");
     }
 
     #[test]

@@ -9,6 +9,9 @@ use tonic::{metadata::MetadataValue, Code, Status};
 
 /// The metadata key that carries a machine-readable reason.
 pub const REASON_KEY: &str = "anarchon-reason";
+/// For `fenced`: why the token does not hold the run (`taken_over`,
+/// `not_holder`, `released`, `finished`, `holder_dead`).
+pub const FENCE_REASON_KEY: &str = "anarchon-fence-reason";
 
 /// Why a token no longer holds its run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +24,9 @@ pub enum FenceReason {
     Released,
     /// The holding runtime is dead (expired, left, or restarted).
     HolderDead,
+    /// The token never held the run (a wrong token): see
+    /// [`crate::claim::wrong_token`].
+    NotHolder,
 }
 
 impl FenceReason {
@@ -30,6 +36,7 @@ impl FenceReason {
             FenceReason::Finished => "finished",
             FenceReason::Released => "released",
             FenceReason::HolderDead => "holder_dead",
+            FenceReason::NotHolder => "not_holder",
         }
     }
 }
@@ -43,7 +50,7 @@ pub enum Error {
         message: String,
     },
     /// The token no longer holds the run.
-    #[error("fenced: the token no longer holds the run ({})", .0.as_str())]
+    #[error("fenced: {} ({})", fence_text(*.0), .0.as_str())]
     Fenced(FenceReason),
     /// The backend has no leases (once backends).
     #[error("no_leases: the {0} backend has no leases")]
@@ -72,6 +79,13 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+fn fence_text(r: FenceReason) -> &'static str {
+    match r {
+        FenceReason::NotHolder => "the token never held the run",
+        _ => "the token no longer holds the run",
+    }
+}
+
 impl Error {
     pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
         Error::InvalidArgument {
@@ -94,6 +108,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidArgument { .. } => "invalid_argument",
+            Error::Fenced(FenceReason::NotHolder) => "not_holder",
             Error::Fenced(_) => "fenced",
             Error::NoLeases(_) => "no_leases",
             Error::NotFound(_) => "not_found",
@@ -126,8 +141,31 @@ impl From<Error> for Status {
                 status.metadata_mut().insert(REASON_KEY, v);
             }
         }
+        if let Error::Fenced(f) = &err {
+            if let Ok(v) = MetadataValue::try_from(f.as_str()) {
+                status.metadata_mut().insert(FENCE_REASON_KEY, v);
+            }
+        }
         status
     }
+}
+
+/// An error and its causes (`std::error::Error::source`), `: `-separated:
+/// `transport error: tcp connect error: Connection refused (os error 111)`.
+/// A cause whose text is already shown (an io error wrapped with its own
+/// message as the source) is not repeated.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
 }
 
 /// Reads the machine-readable reason from a status (client side).

@@ -11,6 +11,7 @@
 //! |---|---|
 //! | [`proto`] | the generated `anarchon.v1` protocol (nothing else) |
 //! | [`config`] | the one typed config: defaults → TOML → `ANARCHON_*` → flags, validated before binding |
+//! | [`duration`] | the one duration syntax of every flag (`30s`, `2m`, `1500ms`, bare ms) |
 //! | [`error`] | domain errors and **the** mapping to gRPC status codes |
 //! | [`claim`] | jobs, tokens, runs, outcomes, and the pure lease decision table |
 //! | [`store`] | the `Store` trait and its `Leases` capability, `open(url)` (every store refuses slots beyond `max_future_ms`), and one module per backend |
@@ -28,6 +29,7 @@
 pub mod claim;
 pub mod cli;
 pub mod config;
+pub mod duration;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;

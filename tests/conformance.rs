@@ -38,6 +38,7 @@ macro_rules! conformance {
             case!(far_future_slot_is_refused_and_writes_nothing);
             case!(overlap_skip);
             case!(renew_extends);
+            case!(renew_keeps_the_claimed_lease);
             case!(stale_token_is_fenced);
             case!(release_is_idempotent);
             case!(history_newest_first);

@@ -311,3 +311,77 @@ async fn a_paused_instance_never_runs_a_burst_of_stale_ticks() {
     assert!(log.contains("MISSED"), "missed ticks are reported: {log}");
     assert_eq!(log.matches("MISSED").count(), 1, "reported once: {log}");
 }
+
+/// Issue 21 (7): in a pod the application and its sidecar start together.
+/// `cron` started before its sidecar waits, says so, and runs ticks once the
+/// sidecar answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_waits_for_a_sidecar_that_is_not_up_yet() {
+    let _turn = TURN.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let addr = common::process::free_addr();
+    let out = root.path().join("runs.txt");
+    let cmd = script(&out, "set -- run; LOG");
+    let mut c = Cron::start(
+        root.path(),
+        "a",
+        addr,
+        "* * * * * *",
+        &["--job", "late-sidecar"],
+        &cmd,
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let exited = c.child.as_mut().unwrap().try_wait().unwrap();
+    let log = std::fs::read_to_string(&c.log).unwrap();
+    assert!(exited.is_none(), "cron exited without a sidecar: {log}");
+    assert!(
+        log.contains("waiting for the sidecar"),
+        "no visible message: {log}"
+    );
+    let _s = Sidecar::start_at(&root.path().join("s"), addr, &[]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.terminate();
+    let log = std::fs::read_to_string(&c.log).unwrap();
+    assert!(
+        !runs(&out).is_empty(),
+        "no tick ran once the sidecar was up: {log}"
+    );
+}
+
+/// Issue 21 (7): a 3 s sidecar outage delays ticks but misses none: ticks a
+/// few seconds old are within max-late (30 s), so they run once the sidecar
+/// is back instead of being reported as MISSED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_sidecar_outage_misses_no_tick() {
+    let _turn = TURN.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let mut s = Sidecar::start(&root.path().join("s"), &[]);
+    let out = root.path().join("runs.txt");
+    let cmd = script(&out, "set -- run; LOG");
+    let mut c = Cron::start(
+        root.path(),
+        "a",
+        s.addr,
+        "* * * * * *",
+        &["--job", "outage", "--max-late", "30s"],
+        &cmd,
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.restart();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.terminate();
+    let log = std::fs::read_to_string(&c.log).unwrap();
+    assert!(
+        !log.contains("MISSED"),
+        "ticks within max-late reported as missed: {log}"
+    );
+    let mut slots: Vec<i64> = runs(&out).iter().map(|r| r.1).collect();
+    slots.sort();
+    slots.dedup();
+    assert!(slots.len() >= 6, "{slots:?}\n{log}");
+    for w in slots.windows(2) {
+        assert_eq!(w[1] - w[0], 1000, "a tick was skipped: {slots:?}\n{log}");
+    }
+}

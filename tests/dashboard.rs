@@ -194,7 +194,7 @@ async fn the_page_is_embedded_and_the_stream_sits_behind_the_token() {
         lease_ms,
         ..Default::default()
     };
-    let first = c.claim(authed(claim(150))).await.unwrap().into_inner();
+    let first = c.claim(authed(claim(300))).await.unwrap().into_inner();
     assert_eq!(first.outcome, pb::Outcome::Won as i32);
     let (ev, next) = r.event(at, "run").await;
     at = next;
@@ -203,7 +203,7 @@ async fn the_page_is_embedded_and_the_stream_sits_behind_the_token() {
     assert_eq!(ev["run"]["job"], "dash/lock");
     assert_eq!(ev["run"]["attempt"], 1);
     assert_eq!(ev["run"]["holder"], format!("{node}/1"));
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let second = c.claim(authed(claim(60_000))).await.unwrap().into_inner();
     assert_eq!(
         (second.outcome, second.attempt),

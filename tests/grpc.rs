@@ -377,7 +377,8 @@ async fn wait_ms_wins_right_after_release_and_honours_deadline() {
     .unwrap();
     let (out, at) = w.await.unwrap();
     assert!(won(&out), "{out:?}");
-    assert_eq!(out.attempt, 2);
+    assert_eq!(out.attempt, 1, "a relock is a new run");
+    assert!(out.fencing > lock.fencing);
     let delay = at.duration_since(released_at);
     assert!(
         delay < Duration::from_millis(100),
@@ -514,6 +515,7 @@ async fn limits_answer_with_a_clear_status() {
         matches!(st.code(), Code::OutOfRange | Code::ResourceExhausted),
         "{st:?}"
     );
+    assert!(st.message().contains("max_request_bytes"), "{st:?}");
     // Hold streams per client are bounded; closing one frees its place.
     let mut open = Vec::new();
     for i in 0..2 {
@@ -560,4 +562,256 @@ async fn limits_answer_with_a_clear_status() {
             }
         }
     }
+}
+
+/// A codec that sends and receives raw bytes, to send what no generated
+/// client would: a body that is not valid protobuf.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+struct RawEncoder;
+struct RawDecoder;
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use prost::bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawDecoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use prost::bytes::Buf;
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawEncoder;
+    type Decoder = RawDecoder;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+/// The `anarchon_errors_total{kind}` sample, 0 when absent.
+fn errors_total(metrics: &str, kind: &str) -> u64 {
+    let prefix = format!("anarchon_errors_total{{kind=\"{kind}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 21 (9): what standard tools and other people's clients meet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_tools_reflection_health_metrics_and_bad_bodies() {
+    let s = InProc::start(|c| c.max_request_bytes = 4096).await;
+    let ch = s.channel().await;
+
+    // Health: the Mesh service has its own SERVING status.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    for service in ["", "anarchon.v1.Claims", "anarchon.v1.Mesh"] {
+        let st = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("Check({service:?}): {e:?}"))
+            .into_inner();
+        assert_eq!(
+            st.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service}"
+        );
+    }
+
+    // Reflection v1alpha (Python grpcio-reflection, grpc-requests) and v1
+    // both list our services and grpc.health.v1.Health.
+    {
+        use tonic_reflection::pb::v1alpha::{
+            server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, ServerReflectionRequest,
+        };
+        let mut refl = ServerReflectionClient::new(ch.clone());
+        let reqs = tokio_stream::iter(vec![
+            ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            },
+            ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::FileContainingSymbol(
+                    "grpc.health.v1.Health".into(),
+                )),
+            },
+        ]);
+        let mut resp = refl
+            .server_reflection_info(reqs)
+            .await
+            .expect("reflection v1alpha is served")
+            .into_inner();
+        let list = format!("{:?}", resp.message().await.unwrap().unwrap());
+        for svc in [
+            "anarchon.v1.Claims",
+            "anarchon.v1.Mesh",
+            "grpc.health.v1.Health",
+        ] {
+            assert!(list.contains(svc), "v1alpha lists no {svc}: {list}");
+        }
+        let file = format!("{:?}", resp.message().await.unwrap().unwrap());
+        assert!(file.contains("FileDescriptorResponse"), "{file}");
+    }
+    {
+        use tonic_reflection::pb::v1::{
+            server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, ServerReflectionRequest,
+        };
+        let mut refl = ServerReflectionClient::new(ch.clone());
+        let reqs = tokio_stream::iter(vec![ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        }]);
+        let mut resp = refl
+            .server_reflection_info(reqs)
+            .await
+            .unwrap()
+            .into_inner();
+        let list = format!("{:?}", resp.message().await.unwrap().unwrap());
+        assert!(list.contains("grpc.health.v1.Health"), "{list}");
+    }
+
+    // A body that is not protobuf: INVALID_ARGUMENT, counted.
+    let before = common::http_get(s.admin, "/metrics", None).await;
+    let mut raw = tonic::client::Grpc::new(ch.clone());
+    raw.ready().await.unwrap();
+    let st = raw
+        .unary(
+            tonic::Request::new(vec![0xff, 0xff, 0xff]),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/anarchon.v1.Claims/Claim"),
+            RawCodec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), Code::InvalidArgument, "{st:?}");
+    assert!(st.message().contains("protobuf"), "{st:?}");
+    let after = common::http_get(s.admin, "/metrics", None).await;
+    assert_eq!(
+        errors_total(&after, "invalid_argument"),
+        errors_total(&before, "invalid_argument") + 1,
+        "{after}"
+    );
+
+    // Too large: the status names the config key.
+    let mut c = s.claims().await;
+    let st = c
+        .claim(pb::ClaimRequest {
+            job: "x".repeat(1 << 20),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(st.message().contains("max_request_bytes"), "{st:?}");
+
+    // /metrics: Prometheus text 0.0.4 by default, with HELP and TYPE lines
+    // that name the counters' samples; OpenMetrics when asked.
+    c.claim(req("metered", now())).await.unwrap();
+    let (head, text) = common::http_get_with(s.admin, "/metrics", &[]).await;
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    assert!(text.contains("# HELP anarchon_claims_total "), "{text}");
+    assert!(
+        text.contains("# TYPE anarchon_claims_total counter"),
+        "{text}"
+    );
+    assert!(!text.contains("# EOF"), "{text}");
+    let (head, om) = common::http_get_with(
+        s.admin,
+        "/metrics",
+        &["Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"],
+    )
+    .await;
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    assert!(om.contains("# TYPE anarchon_claims counter"), "{om}");
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+}
+
+/// Issue 21 (2, 4, 5) through gRPC: a renew without a lease keeps the
+/// claimed one; a wrong token is `not_holder`, not a takeover; re-taking a
+/// released lock is attempt 1 and leaves anarchon_takeovers_total alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_wrong_token_and_relock_through_grpc() {
+    let s = InProc::start(|_| {}).await;
+    let mut c = s.claims().await;
+    let a = c
+        .claim(pb::ClaimRequest {
+            lease_ms: 5_000,
+            ..req("renewkeep", 0)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(won(&a));
+    let r = c
+        .renew(pb::RenewRequest {
+            job: "renewkeep".into(),
+            slot_ms: 0,
+            token: a.token.clone(),
+            lease_ms: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.valid_for_ms, 5_000, "{r:?}");
+
+    let st = c
+        .release(pb::ReleaseRequest {
+            job: "renewkeep".into(),
+            slot_ms: 0,
+            token: "f".repeat(32),
+            result: pb::ReleaseResult::Succeeded as i32,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), Code::FailedPrecondition);
+    assert_eq!(status_reason(&st).as_deref(), Some("fenced"));
+    assert!(st.message().contains("not_holder"), "{st:?}");
+    assert_eq!(
+        st.metadata()
+            .get("anarchon-fence-reason")
+            .and_then(|v| v.to_str().ok()),
+        Some("not_holder")
+    );
+
+    c.release(pb::ReleaseRequest {
+        job: "renewkeep".into(),
+        slot_ms: 0,
+        token: a.token.clone(),
+        result: pb::ReleaseResult::Succeeded as i32,
+    })
+    .await
+    .unwrap();
+    let again = c.claim(req("renewkeep", 0)).await.unwrap().into_inner();
+    assert!(won(&again));
+    assert_eq!(again.attempt, 1, "a relock is a new run: {again:?}");
+    assert!(again.fencing > a.fencing);
+    let m = common::http_get(s.admin, "/metrics", None).await;
+    assert!(m.contains("anarchon_takeovers_total 0"), "{m}");
 }

@@ -145,7 +145,8 @@ async fn outage(server: Server, url: &str) {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let sidecars: Vec<Sidecar> = dirs
         .iter()
-        .map(|d| Sidecar::start(d.path(), &["--backend", url]))
+        // A 500 ms heartbeat allows the 2 s lease (the floor is 3 x heartbeat).
+        .map(|d| Sidecar::start(d.path(), &["--backend", url, "--heartbeat-ms", "500"]))
         .collect();
     let pids: Vec<u32> = sidecars.iter().map(|s| s.pid()).collect();
     let j = job("outage");

@@ -6,8 +6,9 @@
 //! they agree.
 //!
 //! Slot 0 is a lock that is not tied to time: it is never `LATE`, a lapsed or
-//! dead holder is always taken over, and once released it is free again (the
-//! next winner gets the next attempt, so fencing keeps rising).
+//! dead holder is always taken over, and once released it is free again. A
+//! relock after a release is a *new run* (attempt 1, not a takeover); the
+//! job's fencing number still rises, so a stale holder stays fenced.
 
 use super::types::*;
 use crate::error::{Error, FenceReason, Result};
@@ -32,7 +33,8 @@ pub enum Decision {
     Exhausted,
     /// The run finished.
     Done,
-    /// Slot 0 only: a finished lock is free again; the caller takes attempt + 1.
+    /// Slot 0 only: a finished lock is free again; the caller starts a new
+    /// run (attempt 1, the next fencing number). Not a takeover.
     Relock,
 }
 
@@ -74,10 +76,8 @@ impl Decision {
             finished_at_ms: 0,
         };
         match (self, run) {
-            (Decision::Insert, _) => Some(won(1)),
-            (Decision::Takeover | Decision::Relock, Some(r)) => {
-                Some(won(r.attempt.saturating_add(1)))
-            }
+            (Decision::Insert | Decision::Relock, _) => Some(won(1)),
+            (Decision::Takeover, Some(r)) => Some(won(r.attempt.saturating_add(1))),
             (Decision::Exhausted, Some(r)) => Some(RunRow {
                 state: RunState::Interrupted,
                 finished_at_ms: now,
@@ -204,6 +204,22 @@ pub fn decide(
     }
 }
 
+/// Why `token`, which is not the run's, is refused.
+///
+/// The store keeps only the current holder's token, so it cannot tell an
+/// earlier holder from a stranger directly. The rule: a run at attempt 1 was
+/// never taken over, so no token other than its own ever held it — the
+/// caller is `not_holder` (a wrong or made-up token, or a token of an
+/// earlier, finished run of a relocked slot 0). A run past attempt 1 was
+/// taken over, and the token may be an earlier attempt's: `taken_over`.
+pub fn wrong_token(run: &RunRow) -> FenceReason {
+    if run.attempt > 1 {
+        FenceReason::TakenOver
+    } else {
+        FenceReason::NotHolder
+    }
+}
+
 /// May `token` renew `run`? Returns the run it renews.
 pub fn decide_renew<'a>(
     run: Option<&'a RunRow>,
@@ -212,7 +228,7 @@ pub fn decide_renew<'a>(
 ) -> Result<&'a RunRow> {
     let r = run.ok_or_else(|| Error::NotFound("no such run".into()))?;
     if &r.token != token {
-        return Err(Error::Fenced(FenceReason::TakenOver));
+        return Err(Error::Fenced(wrong_token(r)));
     }
     match r.state {
         RunState::Running => {}
@@ -243,7 +259,7 @@ pub fn decide_release(
 ) -> Result<ReleaseDecision> {
     let r = run.ok_or_else(|| Error::NotFound("no such run".into()))?;
     if &r.token != token {
-        return Err(Error::Fenced(FenceReason::TakenOver));
+        return Err(Error::Fenced(wrong_token(r)));
     }
     match r.state {
         RunState::Succeeded | RunState::Failed => Ok(ReleaseDecision::AlreadyReleased),
@@ -442,8 +458,12 @@ mod tests {
         let s = spec(0);
         let done = row(0, RunState::Succeeded, 5, 0, 'b');
         assert_eq!(decide(NOW, &s, &none(), Some(&done), &[]), Decision::Relock);
-        let w = Decision::Relock.next_row(&s, Some(&done), NOW, 1).unwrap();
-        assert_eq!(w.attempt, 6);
+        let w = Decision::Relock.next_row(&s, Some(&done), NOW, 8).unwrap();
+        assert_eq!(
+            (w.attempt, w.fencing),
+            (1, 8),
+            "a relock is a new run, not a takeover; fencing still rises"
+        );
         let lapsed = row(0, RunState::Running, 9, NOW - 1, 'b');
         assert_eq!(
             decide(NOW, &s, &none(), Some(&lapsed), &[]),
@@ -467,6 +487,11 @@ mod tests {
         assert!(matches!(
             decide_renew(Some(&other), &me, &none()),
             Err(Error::Fenced(FenceReason::TakenOver))
+        ));
+        let never = row(NOW, RunState::Running, 1, NOW + 1, 'b');
+        assert!(matches!(
+            decide_renew(Some(&never), &me, &none()),
+            Err(Error::Fenced(FenceReason::NotHolder))
         ));
         let fin = row(NOW, RunState::Succeeded, 1, NOW + 1, 'a');
         assert!(matches!(
@@ -502,7 +527,12 @@ mod tests {
         let other = row(NOW, RunState::Running, 1, NOW + 1, 'b');
         assert!(matches!(
             decide_release(Some(&other), &me, &none()),
-            Err(Error::Fenced(_))
+            Err(Error::Fenced(FenceReason::NotHolder))
+        ));
+        let taken = row(NOW, RunState::Running, 3, NOW + 1, 'b');
+        assert!(matches!(
+            decide_release(Some(&taken), &me, &none()),
+            Err(Error::Fenced(FenceReason::TakenOver))
         ));
         assert!(matches!(
             decide_release(None, &me, &none()),

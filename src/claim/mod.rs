@@ -4,5 +4,7 @@
 mod decide;
 mod types;
 
-pub use decide::{decide, decide_release, decide_renew, excludes, Decision, ReleaseDecision};
+pub use decide::{
+    decide, decide_release, decide_renew, excludes, wrong_token, Decision, ReleaseDecision,
+};
 pub use types::*;

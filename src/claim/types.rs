@@ -214,6 +214,7 @@ pub struct RenewSpec {
     pub job: Job,
     pub slot_ms: SlotMs,
     pub token: Token,
+    /// The new lease; 0 keeps the lease the run was claimed with.
     pub lease_ms: i64,
 }
 

@@ -62,10 +62,9 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         }
         endpoint = endpoint.tls_config(tls)?;
     }
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the sidecar at {}: {e}", opts.server))?;
+    let channel = endpoint.connect().await.map_err(|e| {
+        anyhow::Error::new(e).context(format!("cannot reach the sidecar at {}", opts.server))
+    })?;
     Ok((
         pb::claims_client::ClaimsClient::with_interceptor(channel.clone(), Bearer(bearer.clone())),
         pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
@@ -110,28 +109,46 @@ fn slot_at(s: &str, now_ms: i64) -> Result<i64, String> {
         .map_err(|_| format!("{s:?} is not a slot; use {SLOT_FORMS}"))
 }
 
+/// A status's message with its causes: a transport failure says more than
+/// `transport error` (connection refused, TLS, deadline, …).
+pub fn status_text(st: &Status) -> String {
+    let mut out = st.message().to_owned();
+    let mut next = std::error::Error::source(st);
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
 /// Prints a gRPC error (text or JSON) and returns exit status 1.
 pub fn print_status(json: bool, st: &Status) -> ExitCode {
     let reason = status_reason(st).unwrap_or_default();
+    let message = status_text(st);
     if json {
         println!(
             "{}",
-            json!({"error": {"code": format!("{:?}", st.code()), "reason": reason, "message": st.message()}})
+            json!({"error": {"code": format!("{:?}", st.code()), "reason": reason, "message": message}})
         );
     } else {
-        eprintln!("anarchon: {:?}: {}", st.code(), st.message());
+        eprintln!("anarchon: {:?}: {message}", st.code());
     }
     ExitCode::FAILURE
 }
 
 fn fail(json: bool, e: anyhow::Error) -> ExitCode {
+    let message = super::anyhow_chain(&e);
     if json {
         println!(
             "{}",
-            json!({"error": {"code": "Unavailable", "message": format!("{e:#}")}})
+            json!({"error": {"code": "Unavailable", "message": message}})
         );
     } else {
-        eprintln!("anarchon: {e:#}");
+        eprintln!("anarchon: {message}");
     }
     ExitCode::FAILURE
 }
@@ -160,9 +177,11 @@ fn state_name(s: i32) -> &'static str {
 }
 
 /// Options of a claim, shared by `claim` and `hold`.
+///
+/// Durations take `1500ms`, `30s`, `2m`, … or bare milliseconds.
 #[derive(Debug, Clone, Args)]
 pub struct ClaimOpts {
-    /// The job name.
+    /// The job name: 1-200 bytes of [A-Za-z0-9._:/-].
     pub job: String,
     /// The slot: epoch milliseconds, or now/PERIOD (now/1m, now/5m, now/1h,
     /// now/1d: this host's clock rounded down to the period). 0 is a lock
@@ -172,17 +191,25 @@ pub struct ClaimOpts {
     /// Resend with this token (32 hex) instead of a new one.
     #[arg(long)]
     pub token: Option<String>,
-    #[arg(long)]
+    /// Lease of the run (lease backends); renewed by `hold`. At least
+    /// 3 x the sidecar's heartbeat [default: the sidecar's lease_ms, 30s].
+    #[arg(long, visible_aliases = ["lease", "ttl"], value_name = "DURATION", value_parser = crate::duration::parse_lease_ms)]
     pub lease_ms: Option<i64>,
-    #[arg(long)]
+    /// How late after the slot a run may still start (never for slot 0)
+    /// [default: the sidecar's max_late_ms, 60s].
+    #[arg(long, visible_alias = "max-late", value_name = "DURATION", value_parser = crate::duration::parse_ms_i64)]
     pub max_late_ms: Option<i64>,
-    /// allow or skip.
+    /// allow or skip: whether the run may start while another run of the job
+    /// runs [default: the sidecar's overlap, allow].
     #[arg(long)]
     pub overlap: Option<String>,
+    /// Attempts (first run + takeovers) before the run is INTERRUPTED
+    /// [default: the sidecar's max_attempts, 3].
     #[arg(long)]
     pub max_attempts: Option<u32>,
-    /// Wait up to this long for a running run to become free.
-    #[arg(long)]
+    /// Wait up to this long for a running run to become free (lease
+    /// backends) [default: 0, answer at once].
+    #[arg(long, visible_alias = "wait", value_name = "DURATION", value_parser = crate::duration::parse_ms_i64)]
     pub wait_ms: Option<i64>,
 }
 
@@ -232,10 +259,11 @@ pub fn claim_text(job: &str, slot: i64, r: &pb::ClaimResponse) -> String {
         s += &format!(" attempt={}", r.attempt);
     }
     if !r.token.is_empty() {
-        s += &format!(
-            " fencing={} token={} valid_for={}ms",
-            r.fencing, r.token, r.valid_for_ms
-        );
+        s += &format!(" fencing={} token={}", r.fencing, r.token);
+        // Once backends have no leases: nothing runs out, so no valid_for.
+        if r.lease_until_ms > 0 {
+            s += &format!(" valid_for={}ms", r.valid_for_ms);
+        }
     }
     if let Some(h) = &r.holder {
         s += &format!(" holder={}/{}", h.node, h.instance);
@@ -284,12 +312,17 @@ pub async fn claim(a: ClaimArgs) -> ExitCode {
 
 #[derive(Debug, Args)]
 pub struct RenewArgs {
+    /// The job of the run you hold.
     pub job: String,
+    /// The slot of the run you hold: epoch milliseconds, or `now`.
     #[arg(long, value_parser = parse_slot)]
     pub slot: i64,
+    /// The token the claim answered (32 hex).
     #[arg(long)]
     pub token: String,
-    #[arg(long)]
+    /// The new lease, from now (`30s`, `2m`, … or bare milliseconds)
+    /// [default: the lease the run was claimed with].
+    #[arg(long, visible_aliases = ["lease", "ttl"], value_name = "DURATION", value_parser = crate::duration::parse_lease_ms)]
     pub lease_ms: Option<i64>,
     #[command(flatten)]
     pub client: ClientOpts,
@@ -329,9 +362,12 @@ pub async fn renew(a: RenewArgs) -> ExitCode {
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
+    /// The job of the run you hold.
     pub job: String,
+    /// The slot of the run you hold: epoch milliseconds, or `now`.
     #[arg(long, value_parser = parse_slot)]
     pub slot: i64,
+    /// The token the claim answered (32 hex).
     #[arg(long)]
     pub token: String,
     /// Record the run as FAILED instead of SUCCEEDED.
@@ -374,7 +410,9 @@ pub async fn release(a: ReleaseArgs) -> ExitCode {
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
+    /// The job name.
     pub job: String,
+    /// How many runs to show, newest first (at most 1000).
     #[arg(long, default_value_t = 20)]
     pub limit: u32,
     /// Only slots before this one (paging).
@@ -417,8 +455,8 @@ pub async fn history(a: HistoryArgs) -> ExitCode {
                 );
             } else {
                 println!(
-                    "{:<15} {:>7} {:<12} {:<45} {:>15} {:>15}",
-                    "SLOT", "ATTEMPT", "STATE", "HOLDER", "CLAIMED_AT", "FINISHED_AT"
+                    "{:<15} {:>7} {:>7} {:<12} {:<45} {:<24} FINISHED_AT",
+                    "SLOT", "ATTEMPT", "FENCING", "STATE", "HOLDER", "CLAIMED_AT"
                 );
                 for x in &r.runs {
                     let h = x
@@ -427,13 +465,14 @@ pub async fn history(a: HistoryArgs) -> ExitCode {
                         .map(|h| format!("{}/{}", h.node, h.instance))
                         .unwrap_or_default();
                     println!(
-                        "{:<15} {:>7} {:<12} {:<45} {:>15} {:>15}",
+                        "{:<15} {:>7} {:>7} {:<12} {:<45} {:<24} {}",
                         x.slot_ms,
                         x.attempt,
+                        x.fencing,
                         state_name(x.state),
                         h,
-                        x.claimed_at_ms,
-                        x.finished_at_ms
+                        rfc3339(x.claimed_at_ms),
+                        rfc3339(x.finished_at_ms)
                     );
                 }
                 println!("# backend {}: {}", r.backend, r.retention);
@@ -445,6 +484,16 @@ pub async fn history(a: HistoryArgs) -> ExitCode {
         }
         Err(st) => print_status(json, &st),
     }
+}
+
+/// Epoch milliseconds as RFC 3339 (UTC, milliseconds); `-` for 0 (not yet).
+pub fn rfc3339(ms: i64) -> String {
+    if ms <= 0 {
+        return "-".into();
+    }
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -495,15 +544,21 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
                             .map(|s| s.as_str_name().trim_start_matches("LINK_"))
                             .unwrap_or("?")
                     };
+                    // A configured peer that never answered: no node yet,
+                    // and why it is unreachable.
+                    let (node, beat, error) = if p.node.is_empty() {
+                        let e = p.labels.get("last_error").cloned().unwrap_or_default();
+                        ("-".to_owned(), "never".to_owned(), format!(" ({e})"))
+                    } else {
+                        (
+                            p.node.clone(),
+                            format!("{:.1}s ago", p.beat_age_ms as f64 / 1000.0),
+                            String::new(),
+                        )
+                    };
                     println!(
-                        "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}",
-                        p.node,
-                        p.instance,
-                        p.restarts,
-                        state,
-                        link,
-                        format!("{:.1}s ago", p.beat_age_ms as f64 / 1000.0),
-                        p.address
+                        "{:<34} {:>8} {:>8} {:<12} {:<8} {:>12} {}{error}",
+                        node, p.instance, p.restarts, state, link, beat, p.address
                     );
                 }
                 for x in &r.refused {
@@ -551,7 +606,8 @@ fn peer_json(p: &pb::Peer) -> serde_json::Value {
     json!({"node": p.node, "instance": p.instance, "restarts": p.restarts,
            "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
            "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
-           "beat": p.beat, "beat_age_ms": p.beat_age_ms, "address": p.address})
+           "beat": p.beat, "beat_age_ms": p.beat_age_ms, "address": p.address,
+           "last_error": p.labels.get("last_error")})
 }
 
 /// Streams peer events until interrupted: one line (or JSON object) each.

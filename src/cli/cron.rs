@@ -25,8 +25,8 @@ use crate::proto as pb;
     after_help = "Example:\n  anarchon cron '*/5 * * * *' --job nightly-report --tz Europe/Prague --max-late 30s --lease 2m --overlap skip -- ./report.sh"
 )]
 pub struct CronArgs {
-    /// The schedule: 5 fields (minute…weekday), 6 with seconds first, or an
-    /// alias such as @hourly.
+    /// The schedule: 5 fields (minute…weekday), 6 with seconds first, 7 with
+    /// a year last, or an alias such as @hourly.
     pub schedule: String,
     /// The job name (every instance must use the same one).
     #[arg(long)]
@@ -34,23 +34,26 @@ pub struct CronArgs {
     /// Time zone of the schedule (IANA name). DST gaps and repeats are handled.
     #[arg(long, default_value = "UTC")]
     pub tz: String,
-    /// How late after its tick a run may still start.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    /// How late after its tick a run may still start; older ticks are
+    /// reported as MISSED. At least 1s.
+    #[arg(long, visible_alias = "max-late-ms", value_name = "DURATION", default_value = "30s", value_parser = crate::duration::parse)]
     pub max_late: Duration,
-    /// Lease of a run (renewed while the command runs).
-    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    /// Lease of a run, renewed while the command runs; at least 3 x the
+    /// sidecar's heartbeat.
+    #[arg(long, visible_aliases = ["lease-ms", "ttl"], value_name = "DURATION", default_value = "2m", value_parser = crate::duration::parse)]
     pub lease: Duration,
     /// allow or skip: whether a tick may start while the previous run still runs.
     #[arg(long, default_value = "allow")]
     pub overlap: String,
-    /// Attempts before a tick's run is interrupted.
+    /// Attempts (first run + takeovers) before a tick's run is INTERRUPTED
+    /// [default: the sidecar's max_attempts, 3].
     #[arg(long)]
     pub max_attempts: Option<u32>,
     /// How often a tick held elsewhere is claimed again.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, visible_alias = "retry", value_name = "DURATION", default_value = "1s", value_parser = crate::duration::parse_ms)]
     pub retry_ms: u64,
     /// How long the command gets between SIGTERM and SIGKILL.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, visible_alias = "grace", value_name = "DURATION", default_value = "5s", value_parser = crate::duration::parse_ms)]
     pub grace_ms: u64,
     #[command(flatten)]
     pub client: ClientOpts,
@@ -100,8 +103,10 @@ impl Schedule {
 }
 
 /// Which tick to claim at wall time `now`, given the next one we planned.
-/// Returns `(tick, missed)`: the tick to claim now (if any is within
-/// `max_late`) and how many older ticks are skipped.
+/// Returns `(tick, missed)`: the oldest due tick still within `max_late` (if
+/// any) and how many ticks before it are older than `max_late` and skipped.
+/// A tick within `max_late` is never skipped: after a short outage the ticks
+/// it delayed still run, one after the other.
 pub fn due(
     s: &Schedule,
     planned: DateTime<Utc>,
@@ -112,22 +117,19 @@ pub fn due(
         return (None, 0);
     }
     let late = chrono::Duration::from_std(max_late).unwrap_or(chrono::Duration::zero());
-    // The newest tick that is due; everything before it is skipped.
-    let newest = s.latest_at_or_before(now).unwrap_or(planned).max(planned);
     let mut missed = 0u64;
     let mut t = planned;
-    while t < newest {
+    while t <= now {
+        if now - t <= late {
+            return (Some(t), missed);
+        }
         missed += 1;
         match s.next_after(t) {
             Some(n) => t = n,
             None => break,
         }
     }
-    if now - newest <= late {
-        (Some(newest), missed)
-    } else {
-        (None, missed + 1)
-    }
+    (None, missed)
 }
 
 fn whole_second(t: DateTime<Utc>) -> DateTime<Utc> {
@@ -154,6 +156,18 @@ pub async fn cron(a: CronArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    if a.max_late < Duration::from_secs(1) {
+        eprintln!(
+            "anarchon: --max-late {} is shorter than 1s: every tick would be late (a bare number is milliseconds; did you mean {}s?)",
+            crate::duration::human(a.max_late),
+            a.max_late.as_millis()
+        );
+        return ExitCode::from(2);
+    }
+    if a.lease.is_zero() {
+        eprintln!("anarchon: --lease must be positive (e.g. 2m)");
+        return ExitCode::from(2);
+    }
     let overlap = match a.overlap.to_ascii_lowercase().as_str() {
         "allow" => pb::Overlap::Allow,
         "skip" => pb::Overlap::Skip,
@@ -162,15 +176,33 @@ pub async fn cron(a: CronArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (mut client, _) = match connect(&a.client).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("anarchon: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
     let stop = super::serve::shutdown_signal();
     tokio::pin!(stop);
+    // In a pod the application and its sidecar start together: wait for the
+    // sidecar (saying so) instead of exiting, as for a later outage.
+    let mut waiting = false;
+    let mut client = loop {
+        match connect(&a.client).await {
+            Ok((c, _)) => break c,
+            Err(e) => {
+                if !waiting {
+                    eprintln!(
+                        "anarchon cron: waiting for the sidecar at {}: {} (retrying every second)",
+                        a.client.server,
+                        super::anyhow_chain(&e)
+                    );
+                    waiting = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = &mut stop => return ExitCode::SUCCESS,
+                }
+            }
+        }
+    };
+    if waiting {
+        eprintln!("anarchon cron: the sidecar at {} answers", a.client.server);
+    }
     let grace = Duration::from_millis(a.grace_ms);
     let retry = Duration::from_millis(a.retry_ms.max(10));
     // Take part in the latest tick if it is still within max_late.
@@ -209,7 +241,7 @@ pub async fn cron(a: CronArgs) -> ExitCode {
                 "anarchon cron: MISSED {missed} tick(s) of {} from {} (older than max-late {}); not running them",
                 a.job,
                 planned,
-                humantime::format_duration(a.max_late)
+                crate::duration::human(a.max_late)
             );
         }
         if let Some(tick) = tick {
@@ -267,7 +299,7 @@ pub async fn cron(a: CronArgs) -> ExitCode {
                         eprintln!(
                             "anarchon cron: claim failed: {:?}: {}",
                             st.code(),
-                            st.message()
+                            super::client::status_text(&st)
                         );
                         if Utc::now() >= deadline {
                             break;
@@ -339,18 +371,28 @@ mod tests {
     }
 
     #[test]
-    fn after_a_pause_only_the_newest_tick_within_max_late_runs() {
+    fn after_a_pause_only_ticks_within_max_late_run() {
         let s = Schedule::parse("* * * * * *", "UTC").unwrap();
         let planned = at("2026-03-01T10:00:00Z");
-        // Woken 5 s late with max_late 2 s: ticks :00..:04 are missed, :05 runs.
+        // Woken 5.3 s late with max_late 2 s: ticks :00..:03 are older than
+        // max_late and missed; :04 (1.3 s old) is the next to run.
         let (tick, missed) = due(
             &s,
             planned,
             at("2026-03-01T10:00:05.300Z"),
             Duration::from_secs(2),
         );
-        assert_eq!(tick, Some(at("2026-03-01T10:00:05Z")));
-        assert_eq!(missed, 5);
+        assert_eq!(tick, Some(at("2026-03-01T10:00:04Z")));
+        assert_eq!(missed, 4);
+        // Issue 21: after a 3 s outage with max_late 30 s nothing is missed;
+        // the delayed ticks run, oldest first.
+        let (tick, missed) = due(
+            &s,
+            planned,
+            at("2026-03-01T10:00:03.100Z"),
+            Duration::from_secs(30),
+        );
+        assert_eq!((tick, missed), (Some(planned), 0));
         // On time: that tick, nothing missed.
         let (tick, missed) = due(
             &s,

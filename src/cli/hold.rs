@@ -24,8 +24,9 @@ pub struct HoldArgs {
     pub claim: ClaimOpts,
     #[command(flatten)]
     pub client: ClientOpts,
-    /// How long CMD gets between SIGTERM and SIGKILL when the lease is lost.
-    #[arg(long, default_value_t = 5000)]
+    /// How long CMD gets between SIGTERM and SIGKILL when the lease is lost
+    /// (`5s`, `1500ms`, … or bare milliseconds).
+    #[arg(long, visible_alias = "grace", value_name = "DURATION", default_value = "5000", value_parser = crate::duration::parse_ms)]
     pub grace_ms: u64,
     /// The command to run while holding the run.
     #[arg(last = true, required = true, value_name = "CMD")]
@@ -246,7 +247,7 @@ pub async fn hold_run(
                 eprintln!(
                     "anarchon: release failed: {:?}: {}",
                     st.code(),
-                    st.message()
+                    super::client::status_text(&st)
                 );
             }
             HeldRun::Ran {
@@ -276,7 +277,7 @@ pub async fn hold(a: HoldArgs) -> ExitCode {
     let (mut c, _) = match connect(&a.client).await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("anarchon: {e:#}");
+            eprintln!("anarchon: {}", super::anyhow_chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -301,7 +302,8 @@ pub async fn hold(a: HoldArgs) -> ExitCode {
         }
         Ok(HeldRun::Stopped(r)) => {
             show(&r);
-            ExitCode::from(143)
+            // 130 after SIGINT (Ctrl-C), 143 after SIGTERM.
+            ExitCode::from(super::serve::stopped_exit_status())
         }
         Ok(HeldRun::Ran {
             claim,

@@ -18,10 +18,60 @@ use clap::{Args, Parser, Subcommand};
 
 pub use client::{connect, outcome_name, print_status};
 
+pub use crate::error::error_chain;
+
+/// [`error_chain`] of an `anyhow` error (its contexts, then their causes).
+pub fn anyhow_chain(e: &anyhow::Error) -> String {
+    error_chain(e.as_ref())
+}
+
 /// Exit status when a claim was answered but not won.
 pub const EXIT_NOT_WON: u8 = 3;
 /// Exit status when `hold` lost its lease while the command ran.
 pub const EXIT_LEASE_LOST: u8 = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct E(&'static str, Option<Box<E>>);
+    impl std::fmt::Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for E {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn error_chains_show_each_cause_once() {
+        let e = E(
+            "transport error",
+            Some(Box::new(E(
+                "tcp connect error",
+                Some(Box::new(E("Connection refused (os error 111)", None))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&e),
+            "transport error: tcp connect error: Connection refused (os error 111)"
+        );
+        let io = E(
+            "/d: Permission denied (os error 13)",
+            Some(Box::new(E("Permission denied (os error 13)", None))),
+        );
+        assert_eq!(error_chain(&io), "/d: Permission denied (os error 13)");
+        let a = anyhow::Error::new(io).context("cannot load the node identity");
+        assert_eq!(
+            anyhow_chain(&a),
+            "cannot load the node identity: /d: Permission denied (os error 13)"
+        );
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -47,7 +97,9 @@ pub enum Command {
     Release(client::ReleaseArgs),
     /// Show the runs of a job, newest first.
     History(client::HistoryArgs),
-    /// Claim, run CMD while renewing, release with its exit status.
+    /// Claim, run CMD while renewing, release with its exit status
+    /// (alias: lock, as in `etcdctl lock` / `consul lock`).
+    #[command(visible_alias = "lock")]
     Hold(hold::HoldArgs),
     /// Run CMD once per tick of a cron schedule across the whole fleet.
     Cron(cron::CronArgs),
@@ -79,6 +131,7 @@ pub struct ClientOpts {
     /// Client certificate (PEM) for a sidecar that requires mTLS.
     #[arg(long, value_name = "FILE", requires = "tls_client_key")]
     pub tls_client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-client-cert.
     #[arg(long, value_name = "FILE", requires = "tls_client_cert")]
     pub tls_client_key: Option<PathBuf>,
 }

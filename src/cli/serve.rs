@@ -167,40 +167,52 @@ pub fn serve(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
         let listeners = match Listeners::bind(&cfg).await {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!(error = format!("{e:#}"), "cannot bind");
+                tracing::error!(error = super::anyhow_chain(&e), "cannot bind");
                 return ExitCode::FAILURE;
             }
         };
         match server::run(cfg, listeners, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                tracing::error!(error = format!("{e:#}"), "sidecar failed");
+                tracing::error!(error = super::anyhow_chain(&e), "sidecar failed");
                 ExitCode::FAILURE
             }
         }
     })
 }
 
+/// The signal [`shutdown_signal`] last resolved on (15 SIGTERM, 2 SIGINT).
+static STOP_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(15);
+
+/// The exit status for a process stopped by [`shutdown_signal`]: 128 + the
+/// signal, as a shell reports it (130 after Ctrl-C, 143 after SIGTERM).
+pub fn stopped_exit_status() -> u8 {
+    (128 + STOP_SIGNAL.load(std::sync::atomic::Ordering::Relaxed)).clamp(0, 255) as u8
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
+    let set = |sig: i32| STOP_SIGNAL.store(sig, std::sync::atomic::Ordering::Relaxed);
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         match signal(SignalKind::terminate()) {
             Ok(mut term) => {
                 tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => set(15),
+                    _ = tokio::signal::ctrl_c() => set(2),
                 }
             }
             Err(_) => {
                 let _ = tokio::signal::ctrl_c().await;
+                set(2);
             }
         }
     }
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+        set(2);
     }
 }
 

@@ -103,6 +103,9 @@ pub struct Mesh {
     /// Bumped to make every link send a frame now (the leave mark).
     push: watch::Sender<u64>,
     dialing: Mutex<HashSet<String>>,
+    /// Configured peer addresses (`--peer`, DNS) whose last dial failed, with
+    /// the error: shown by `ListPeers` and counted as unreachable links.
+    unreachable: Mutex<HashMap<String, String>>,
     self_addrs: Mutex<HashSet<String>>,
     dns: Mutex<HashSet<String>>,
     stop: watch::Receiver<bool>,
@@ -206,6 +209,7 @@ impl Mesh {
             beat: AtomicU64::new(1),
             push,
             dialing: Mutex::new(HashSet::new()),
+            unreachable: Mutex::new(HashMap::new()),
             self_addrs: Mutex::new(self_addrs),
             dns: Mutex::new(HashSet::new()),
             stop,
@@ -342,7 +346,7 @@ impl Mesh {
 
     pub fn list(&self) -> pb::ListPeersResponse {
         let now = Instant::now();
-        let (peers, duplicate_node_key, duplicate_instance) = {
+        let (mut peers, duplicate_node_key, duplicate_instance) = {
             let table = lock(&self.table);
             (
                 table.peers(now),
@@ -350,6 +354,7 @@ impl Mesh {
                 table.duplicate_instance().unwrap_or_default(),
             )
         };
+        peers.extend(self.unreachable_peers(now));
         pb::ListPeersResponse {
             self_: Some(self.self_peer(now)),
             peers,
@@ -357,6 +362,44 @@ impl Mesh {
             duplicate_instance,
             store_identity: self.cfg.store_identity.clone(),
             refused: self.refused_peers(now),
+        }
+    }
+
+    /// Configured peer addresses that never answered (no runtime known there):
+    /// `UNREACHABLE`, no node, the last dial error in the label `last_error`.
+    fn unreachable_peers(&self, now: Instant) -> Vec<pb::Peer> {
+        let known: HashSet<String> = lock(&self.table)
+            .addresses(now)
+            .into_iter()
+            .map(|(_, a, _)| a)
+            .collect();
+        let mut out: Vec<pb::Peer> = lock(&self.unreachable)
+            .iter()
+            .filter(|(addr, _)| !known.contains(*addr))
+            .map(|(addr, err)| pb::Peer {
+                address: addr.clone(),
+                state: pb::PeerState::Unreachable as i32,
+                link: pb::Link::None as i32,
+                labels: [("last_error".to_owned(), err.clone())].into(),
+                ..Default::default()
+            })
+            .collect();
+        out.sort_by(|a, b| a.address.cmp(&b.address));
+        out
+    }
+
+    /// Records a failed dial of a configured address (logged once per
+    /// address at warn, then at debug).
+    fn note_unreachable(&self, addr: &str, error: &str) {
+        let configured = self.cfg.peers.iter().any(|p| p == addr) || lock(&self.dns).contains(addr);
+        if !configured {
+            return;
+        }
+        let first = lock(&self.unreachable)
+            .insert(addr.to_owned(), error.to_owned())
+            .is_none();
+        if first {
+            tracing::warn!(%addr, %error, "configured peer is unreachable; retrying");
         }
     }
 
@@ -488,9 +531,12 @@ impl Mesh {
         let (tx, out) = mpsc::channel::<pb::PeerEvent>(self.cfg.watch_buffer.max(1));
         let overflow = Arc::new(Mutex::new(None::<Status>));
         let now = Instant::now();
-        let snapshot: Vec<pb::Peer> = lock(&self.table)
-            .peers(now)
+        // WatchPeers' snapshot starts with this runtime itself, so a lone
+        // sidecar's watcher sees something at once.
+        let own = snapshot_events.then(|| self.self_peer(now));
+        let snapshot: Vec<pb::Peer> = own
             .into_iter()
+            .chain(lock(&self.table).peers(now))
             .filter(|p| {
                 include_expired
                     || matches!(
@@ -601,6 +647,8 @@ impl Mesh {
     /// Counters for metrics: (peers by state, links by state, drops, beats).
     pub fn counters(&self) -> MeshCounters {
         let now = Instant::now();
+        // Before the table lock: this takes it too.
+        let never = self.unreachable_peers(now).len() as i64;
         let table = lock(&self.table);
         let mut peers: BTreeMap<&'static str, i64> = BTreeMap::new();
         for p in table.peers(now) {
@@ -619,6 +667,9 @@ impl Mesh {
                 "CONNECTED"
             };
             *links.entry(s).or_default() += 1;
+        }
+        if never > 0 {
+            *links.entry("UNREACHABLE").or_default() += never;
         }
         MeshCounters {
             peers,
@@ -927,7 +978,8 @@ impl Mesh {
                         break;
                     }
                     Err(DialError::Other(e)) => {
-                        tracing::debug!(%addr, error = %e, "dial failed")
+                        tracing::debug!(%addr, error = %e, "dial failed");
+                        self.note_unreachable(&addr, &e);
                     }
                 }
                 if started.elapsed() >= self.cfg.expiry {
@@ -942,6 +994,7 @@ impl Mesh {
             }
         }
         lock(&self.dialing).remove(&addr);
+        lock(&self.unreachable).remove(&addr);
     }
 
     /// The lower node id dials; the higher one only when nothing arrived from
@@ -981,7 +1034,10 @@ impl Mesh {
         if let Some(tls) = &self.cfg.tls {
             endpoint = endpoint.tls_config(tls.clone()).map_err(|e| other(&e))?;
         }
-        let channel = endpoint.connect().await.map_err(|e| other(&e))?;
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| DialError::Other(crate::error::error_chain(&e)))?;
         let mut client = pb::mesh_client::MeshClient::new(channel)
             .max_decoding_message_size(self.cfg.max_frame_bytes)
             .max_encoding_message_size(self.cfg.max_frame_bytes);
@@ -1049,6 +1105,7 @@ impl Mesh {
                 return Ok(());
             }
         }
+        lock(&self.unreachable).remove(addr);
         self.run_link(hello, addr.to_owned(), true, inbound, tx)
             .await;
         Ok(())

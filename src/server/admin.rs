@@ -36,9 +36,15 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
+/// How long `/readyz` waits for the store's answer before it says why not.
+const READY_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `ready`, or `not ready: <why>` (the store's error, or that it did not
+/// answer within 3 s) with status 503.
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    match s.store.ping().await {
-        Ok(()) => {
+    let backend = s.store.info().backend;
+    match tokio::time::timeout(READY_PING_TIMEOUT, s.store.ping()).await {
+        Ok(Ok(())) => {
             s.metrics.store_up.set(1);
             // Linked to a runtime on another store: the mesh is split, and
             // claims through one can be won again through the other.
@@ -59,9 +65,22 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
             }
             (StatusCode::SERVICE_UNAVAILABLE, text)
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             s.metrics.store_up.set(0);
-            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n"))
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {backend}: {e}\n"),
+            )
+        }
+        Err(_) => {
+            s.metrics.store_up.set(0);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "not ready: {backend}: the store did not answer a ping within {}s\n",
+                    READY_PING_TIMEOUT.as_secs()
+                ),
+            )
         }
     }
 }
@@ -77,13 +96,26 @@ async fn mesh_state(
     axum::Json(s.mesh.state_json()).into_response()
 }
 
-async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+/// Prometheus text format 0.0.4 by default; OpenMetrics when the `Accept`
+/// header asks for it (as Prometheus does).
+async fn metrics(State(s): State<AdminState>, headers: axum::http::HeaderMap) -> impl IntoResponse {
     s.metrics.sync_mesh(&s.mesh.counters());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.render(),
-    )
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if super::metrics::wants_openmetrics(accept) {
+        (
+            [(
+                header::CONTENT_TYPE,
+                super::metrics::OPENMETRICS_CONTENT_TYPE,
+            )],
+            s.metrics.render(),
+        )
+    } else {
+        (
+            [(header::CONTENT_TYPE, super::metrics::TEXT_CONTENT_TYPE)],
+            s.metrics.render_text(),
+        )
+    }
 }

@@ -131,8 +131,68 @@ impl Default for Metrics {
     }
 }
 
+/// The content type of [`Metrics::render`].
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of [`Metrics::render_text`].
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether an `Accept` header asks for OpenMetrics (Prometheus itself does;
+/// `curl`, `promtool` and most client libraries' parsers want text 0.0.4).
+pub fn wants_openmetrics(accept: &str) -> bool {
+    accept.split(',').any(|part| {
+        let mut params = part.split(';').map(str::trim);
+        let media = params.next().unwrap_or_default();
+        let refused = params.any(|p| {
+            p.strip_prefix("q=")
+                .and_then(|q| q.parse::<f32>().ok())
+                .is_some_and(|q| q <= 0.0)
+        });
+        media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+    })
+}
+
+/// OpenMetrics text → Prometheus text format 0.0.4.
+///
+/// The two differ where it matters to a 0.0.4 parser: an OpenMetrics counter
+/// family `x` has samples `x_total`, while in 0.0.4 the `# HELP`/`# TYPE`
+/// lines must name the sample (`x_total`), or parsers see an untyped
+/// `x_total` without help beside an empty counter `x`. `# UNIT` and `# EOF`
+/// do not exist in 0.0.4.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        match renamed {
+            Some(l) => out.push_str(l.trim_end()),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 impl Metrics {
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition, format 0.0.4.
+    pub fn render_text(&self) -> String {
+        openmetrics_to_text(&self.render())
+    }
+
+    /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
         if let Ok(r) = self.registry.lock() {
@@ -160,11 +220,63 @@ impl Metrics {
     }
 
     pub fn record_error(&self, e: &crate::Error) {
-        if matches!(e, crate::Error::Fenced(_)) {
+        if matches!(e, crate::Error::Fenced(f) if *f != crate::error::FenceReason::NotHolder) {
             self.fenced.inc();
         }
         self.errors
             .get_or_create(&KindLabels { kind: e.kind() })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_format_names_counters_by_their_samples() {
+        let m = Metrics::default();
+        m.takeovers.inc();
+        m.claims
+            .get_or_create(&OutcomeLabels {
+                outcome: "WON",
+                backend: "sqlite",
+            })
+            .inc();
+        let om = m.render();
+        assert!(om.contains("# TYPE anarchon_takeovers counter"), "{om}");
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        let text = m.render_text();
+        assert!(
+            text.contains("# HELP anarchon_takeovers_total Runs won"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE anarchon_takeovers_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE anarchon_claims_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("anarchon_takeovers_total 1"), "{text}");
+        assert!(text.contains("# TYPE anarchon_holds_open gauge"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn accept_header_negotiation() {
+        assert!(!wants_openmetrics(""));
+        assert!(!wants_openmetrics("*/*"));
+        assert!(!wants_openmetrics("text/plain;version=0.0.4"));
+        assert!(wants_openmetrics(
+            "application/openmetrics-text; version=1.0.0"
+        ));
+        assert!(wants_openmetrics(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        ));
+        assert!(!wants_openmetrics(
+            "application/openmetrics-text;q=0,text/plain"
+        ));
     }
 }

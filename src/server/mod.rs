@@ -13,6 +13,7 @@ pub mod admin;
 pub mod auth;
 pub mod claims;
 pub mod dashboard;
+pub mod grpc_errors;
 pub mod mesh;
 pub mod metrics;
 pub mod runs;
@@ -167,12 +168,23 @@ pub async fn run(
         .set_serving::<pb::claims_server::ClaimsServer<ClaimsService>>()
         .await;
     health
+        .set_serving::<pb::mesh_server::MeshServer<mesh::MeshService>>()
+        .await;
+    health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    // Both reflection versions: grpcurl speaks v1, while Python's
+    // grpcio-reflection and grpc-requests still speak v1alpha.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("reflection")?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("reflection v1alpha")?;
 
     let mesh_svc = mesh::MeshService {
         mesh: mesh.clone(),
@@ -273,8 +285,10 @@ pub async fn run(
         builder = builder.tls_config(t.server.clone()).context("TLS")?;
     }
     let grpc = builder
+        .layer(grpc_errors::DecodeErrors::new(metrics.clone()))
         .add_service(health_svc)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(tonic::service::interceptor::InterceptedService::new(
             pb::claims_server::ClaimsServer::new(ClaimsService(state))
                 .max_decoding_message_size(cfg.max_request_bytes),

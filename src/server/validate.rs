@@ -9,6 +9,9 @@ use crate::proto as pb;
 #[derive(Debug, Clone)]
 pub struct ClaimDefaults {
     pub lease_ms: i64,
+    /// The shortest lease a request may ask for: 3 × `heartbeat_ms` (a
+    /// holder renews every lease/3, so never more often than every beat).
+    pub min_lease_ms: i64,
     pub max_lease_ms: i64,
     pub max_late_ms: i64,
     pub overlap: Overlap,
@@ -20,6 +23,7 @@ impl Default for ClaimDefaults {
     fn default() -> Self {
         ClaimDefaults {
             lease_ms: 30_000,
+            min_lease_ms: 3_000,
             max_lease_ms: 24 * 3_600_000,
             max_late_ms: 60_000,
             overlap: Overlap::Allow,
@@ -33,6 +37,7 @@ impl ClaimDefaults {
     pub fn from_config(c: &crate::Config) -> Self {
         ClaimDefaults {
             lease_ms: c.lease_ms as i64,
+            min_lease_ms: c.min_lease_ms() as i64,
             max_lease_ms: c.max_lease_ms as i64,
             max_late_ms: c.max_late_ms as i64,
             overlap: c.overlap(),
@@ -41,10 +46,26 @@ impl ClaimDefaults {
         }
     }
 
+    /// A lease asked for; 0 (not set) is the default.
     fn lease(&self, lease_ms: i64) -> Result<i64> {
         match lease_ms {
             0 => Ok(self.lease_ms),
+            l => self.explicit_lease(l),
+        }
+    }
+
+    /// A lease that was set: between the minimum (3 × heartbeat) and the
+    /// configured maximum.
+    fn explicit_lease(&self, lease_ms: i64) -> Result<i64> {
+        match lease_ms {
             l if l < 0 => Err(Error::invalid("lease_ms", "must not be negative")),
+            l if l < self.min_lease_ms => Err(Error::invalid(
+                "lease_ms",
+                format!(
+                    "{l} ms is below the minimum lease of {} ms (3 × heartbeat_ms)",
+                    self.min_lease_ms
+                ),
+            )),
             l if l > self.max_lease_ms => Err(Error::invalid(
                 "lease_ms",
                 format!("{l} exceeds the configured maximum {}", self.max_lease_ms),
@@ -134,7 +155,11 @@ pub fn renew(req: &pb::RenewRequest, d: &ClaimDefaults) -> Result<RenewSpec> {
         job: Job::parse(&req.job)?,
         slot_ms: slot(req.slot_ms)?,
         token: token(&req.token)?,
-        lease_ms: d.lease(req.lease_ms)?,
+        // 0: keep the lease the run was claimed with (the store knows it).
+        lease_ms: match req.lease_ms {
+            0 => 0,
+            l => d.explicit_lease(l)?,
+        },
     })
 }
 
@@ -285,6 +310,17 @@ mod tests {
         assert_eq!(bad(|r| r.slot_ms = -1), "slot_ms");
         assert_eq!(bad(|r| r.lease_ms = -1), "lease_ms");
         assert_eq!(bad(|r| r.lease_ms = i64::MAX), "lease_ms");
+        assert_eq!(bad(|r| r.lease_ms = 1), "lease_ms");
+        assert_eq!(bad(|r| r.lease_ms = 2_999), "lease_ms");
+        assert!(claim(
+            &pb::ClaimRequest {
+                lease_ms: d.min_lease_ms,
+                ..req()
+            },
+            &d,
+            &h()
+        )
+        .is_ok());
         assert_eq!(bad(|r| r.token = "xyz".into()), "token");
         assert_eq!(bad(|r| r.overlap = 7), "overlap");
         assert_eq!(bad(|r| r.max_late_ms = -5), "max_late_ms");
@@ -313,6 +349,20 @@ mod tests {
             lease_ms: -1,
         };
         assert_eq!(field(renew(&ren, &d)), "lease_ms");
+        let below = pb::RenewRequest {
+            lease_ms: 1,
+            ..ren.clone()
+        };
+        assert_eq!(field(renew(&below, &d)), "lease_ms");
+        let keep = pb::RenewRequest {
+            lease_ms: 0,
+            ..ren.clone()
+        };
+        assert_eq!(
+            renew(&keep, &d).unwrap().lease_ms,
+            0,
+            "0 keeps the run's lease"
+        );
         assert_eq!(
             field(history(&pb::HistoryRequest {
                 job: "j".into(),

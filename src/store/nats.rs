@@ -258,11 +258,24 @@ impl NatsStore {
             return Err(Error::invalid("backend", "not a nats:// backend"));
         };
         let timeout = Duration::from_millis(*timeout_ms);
-        let client = async_nats::ConnectOptions::new()
+        // async-nats bounds the TCP connect only: a listener that accepts and
+        // never sends the NATS greeting would hold the start forever. The
+        // whole handshake gets `timeout_ms`.
+        let connect = async_nats::ConnectOptions::new()
             .name("anarchon")
             .connection_timeout(timeout)
-            .connect(servers(url)?)
+            .connect(servers(url)?);
+        let client = tokio::time::timeout(timeout, connect)
             .await
+            .map_err(|_| {
+                unavailable(
+                    &format!("cannot connect to {}", redact(url)),
+                    format!(
+                        "no NATS greeting within {} (timeout_ms); is it a NATS server?",
+                        crate::duration::human(timeout)
+                    ),
+                )
+            })?
             .map_err(|e| unavailable(&format!("cannot connect to {}", redact(url)), e))?;
         let mut js = jetstream::new(client);
         js.set_timeout(timeout);
@@ -297,7 +310,7 @@ impl NatsStore {
                     "a claimed slot is remembered for duplicate_window_ms ({}) after its claim \
                      was stored; claims and results stay readable in History for the stream's \
                      max_age",
-                    humantime::format_duration(Duration::from_millis(*duplicate_window_ms))
+                    crate::duration::human(Duration::from_millis(*duplicate_window_ms))
                 ),
                 identity: super::address_identity("nats", &[url], prefix),
             },
@@ -532,7 +545,8 @@ impl Store for NatsStore {
                 ))
             })?;
         if claim.body.token != spec.token.as_str() {
-            return Err(Error::Fenced(FenceReason::TakenOver));
+            // No takeovers on a once backend: the token never held the slot.
+            return Err(Error::Fenced(FenceReason::NotHolder));
         }
         let result_id = format!("{}:{}:result", spec.job, spec.slot_ms);
         if dead.is_dead(&claim.holder()) {
@@ -622,7 +636,7 @@ impl Store for NatsStore {
         } else {
             format!(
                 "for the stream's max_age ({})",
-                humantime::format_duration(self.max_age)
+                crate::duration::human(self.max_age)
             )
         };
         let mut note = format!(

@@ -215,7 +215,7 @@ impl RabbitStore {
                 retention: format!(
                     "a claimed slot is remembered for slot_ttl_ms ({}) after the last claim of it \
                      (its gate queue expires); no run history is kept",
-                    humantime::format_duration(Duration::from_millis(*slot_ttl_ms))
+                    crate::duration::human(Duration::from_millis(*slot_ttl_ms))
                 ),
                 identity: super::address_identity("amqp", &[url], prefix),
             },

@@ -25,15 +25,30 @@ pub(super) const RUN_COLUMNS: &str = "slot_ms, state, attempt, fencing, token, h
 /// The statement that writes a whole run (insert or replace), for the table
 /// `runs`. Parameters `$1..$11`: the job, then [`RUN_COLUMNS`]; bind them
 /// with [`bind_run`].
+///
+/// It also records the lease the run was claimed with (`lease_ms`, see
+/// [`renew_lease`]): a win writes `lease_until_ms = claimed_at_ms + lease`.
 pub(super) fn upsert_run_sql(runs: &str) -> String {
     format!(
-        "INSERT INTO {runs} (job, {RUN_COLUMNS})
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+        "INSERT INTO {runs} (job, {RUN_COLUMNS}, lease_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $9 - $10)
          ON CONFLICT (job, slot_ms) DO UPDATE SET
            state = excluded.state, attempt = excluded.attempt, fencing = excluded.fencing,
            token = excluded.token, holder_node = excluded.holder_node,
            holder_instance = excluded.holder_instance, lease_until_ms = excluded.lease_until_ms,
-           claimed_at_ms = excluded.claimed_at_ms, finished_at_ms = excluded.finished_at_ms"
+           claimed_at_ms = excluded.claimed_at_ms, finished_at_ms = excluded.finished_at_ms,
+           lease_ms = excluded.lease_ms"
+    )
+}
+
+/// The lease a renew sets, as an SQL expression: the one asked for (the
+/// parameter `asked`), or when none (0) the lease the run was claimed with;
+/// a run claimed before that was recorded falls back to its first lease.
+/// `greatest` is the dialect's two-argument maximum (`max`, `GREATEST`).
+pub(super) fn renew_lease(asked: &str, greatest: &str) -> String {
+    format!(
+        "CASE WHEN {asked} > 0 THEN {asked} WHEN lease_ms > 0 THEN lease_ms \
+         ELSE {greatest}(lease_until_ms - claimed_at_ms, 1) END"
     )
 }
 
@@ -93,7 +108,7 @@ where
 pub(super) fn retention_note(retention: Duration) -> String {
     format!(
         "runs are kept {} after they are claimed (longer than any late claim may ask)",
-        humantime::format_duration(retention)
+        crate::duration::human(retention)
     )
 }
 

@@ -38,6 +38,13 @@ pub struct SqliteStore {
 }
 
 static UPSERT_RUN: LazyLock<String> = LazyLock::new(|| sql::upsert_run_sql("runs"));
+/// `$1` the clock, `$2` the lease asked for (0 = the run's own), `$3` job, `$4` slot.
+static RENEW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE runs SET lease_until_ms = $1 + {} WHERE job = $3 AND slot_ms = $4 RETURNING lease_until_ms",
+        sql::renew_lease("$2", "max")
+    )
+});
 
 impl SqliteStore {
     pub async fn open(path: &str, opts: &StoreOptions) -> Result<SqliteStore> {
@@ -336,12 +343,12 @@ impl Leases for SqliteStore {
         let now = host_now_ms();
         let run = read_run(conn, &spec.job, spec.slot_ms).await?;
         let r = decide_renew(run.as_ref(), &spec.token, dead)?;
-        let lease_until = now.saturating_add(spec.lease_ms);
-        sqlx::query("UPDATE runs SET lease_until_ms = ? WHERE job = ? AND slot_ms = ?")
-            .bind(lease_until)
+        let lease_until: i64 = sqlx::query_scalar(&RENEW)
+            .bind(now)
+            .bind(spec.lease_ms)
             .bind(spec.job.as_str())
             .bind(spec.slot_ms)
-            .execute(&mut *conn)
+            .fetch_one(&mut *conn)
             .await
             .map_err(convert)?;
         let out = Renewed {

@@ -44,6 +44,27 @@ pub fn spec(job: &Job, slot_ms: i64, h: &Holder) -> ClaimSpec {
     }
 }
 
+/// Like [`http_get`] with extra request header lines (`Name: value`);
+/// returns the response head and body.
+pub async fn http_get_with(
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[&str],
+) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.to_owned(), body.to_owned())
+}
+
 /// A tiny HTTP/1.1 GET over a raw socket (no HTTP client dependency); returns
 /// the body. `token` adds a bearer token.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str, token: Option<&str>) -> String {

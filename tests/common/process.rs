@@ -19,6 +19,22 @@ pub fn free_addr_on(ip: std::net::IpAddr) -> SocketAddr {
     l.local_addr().unwrap()
 }
 
+/// A plain blocking HTTP/1.1 GET; returns the body.
+pub fn http_get_blocking(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
 pub struct Sidecar {
     pub child: Option<Child>,
     pub addr: SocketAddr,

@@ -325,9 +325,10 @@ pub async fn stale_token_is_fenced(s: &dyn Store) {
     if !s.info().leases {
         return no_leases(s).await;
     }
+    // A token that never held the run is not a takeover.
     assert!(matches!(
         s.release(&rel, &none()).await,
-        Err(Error::Fenced(_))
+        Err(Error::Fenced(FenceReason::NotHolder))
     ));
     let r = RenewSpec {
         job: j.clone(),
@@ -337,7 +338,7 @@ pub async fn stale_token_is_fenced(s: &dyn Store) {
     };
     assert!(matches!(
         leases(s).renew(&r, &none()).await,
-        Err(Error::Fenced(_))
+        Err(Error::Fenced(FenceReason::NotHolder))
     ));
     // The holder restarted: its own token is fenced through the new instance.
     let mut restarted = none();
@@ -423,7 +424,7 @@ pub async fn history_newest_first(s: &dyn Store) {
 
 pub async fn lock_slot_zero(s: &dyn Store) {
     if !s.info().leases {
-        return no_leases(s).await;
+        return once_slot_zero(s).await;
     }
     let j = job("lock");
     let a = spec(&j, 0, &holder("a", 1));
@@ -449,10 +450,84 @@ pub async fn lock_slot_zero(s: &dyn Store) {
         .unwrap();
     assert_eq!(
         (next.outcome, next.attempt),
-        (Outcome::Won, 2),
-        "a released lock is free again"
+        (Outcome::Won, 1),
+        "a released lock is free again, and re-taking it is a new run, not a takeover"
     );
-    assert!(next.fencing > first.fencing);
+    assert!(next.fencing > first.fencing, "fencing keeps rising");
+    let h = s.history(&j, 5, None).await.unwrap();
+    assert_eq!(
+        (h.runs[0].attempt, h.runs[0].fencing),
+        (1, next.fencing),
+        "History shows a new run: {h:?}"
+    );
+    // A takeover of the lock (its holder died) is the next attempt.
+    let mut dead = none();
+    dead.mark_dead(holder("b", 1));
+    let taken = s.claim(&spec(&j, 0, &holder("c", 1)), &dead).await.unwrap();
+    assert_eq!((taken.outcome, taken.attempt), (Outcome::Won, 2));
+    assert!(taken.fencing > next.fencing);
+    let h = s.history(&j, 5, None).await.unwrap();
+    assert_eq!(h.runs[0].attempt, 2, "History shows the takeover: {h:?}");
+}
+
+/// Once backends have no leases, so slot 0 is a slot like any other: the
+/// first claim wins it, and it stays claimed — released or not — for as long
+/// as the backend remembers claims (README, "Backends"). A release records
+/// the result where the backend keeps one; it does not free the slot.
+async fn once_slot_zero(s: &dyn Store) {
+    let j = job("oncelock");
+    let a = spec(&j, 0, &holder("a", 1));
+    assert_eq!(s.claim(&a, &none()).await.unwrap().outcome, Outcome::Won);
+    let rel = ReleaseSpec {
+        job: j.clone(),
+        slot_ms: 0,
+        token: a.token.clone(),
+        result: ReleaseResult::Succeeded,
+    };
+    // RabbitMQ cannot find a claim again, so it cannot record a release.
+    let _ = s.release(&rel, &none()).await;
+    let b = s
+        .claim(&spec(&j, 0, &holder("b", 1)), &none())
+        .await
+        .unwrap();
+    assert_eq!(
+        b.outcome,
+        Outcome::Lost,
+        "a once backend does not free slot 0 on release: {b:?}"
+    );
+    no_leases(s).await;
+}
+
+/// A renew that names no lease keeps the lease the run was claimed with.
+pub async fn renew_keeps_the_claimed_lease(s: &dyn Store) {
+    if !s.info().leases {
+        return no_leases(s).await;
+    }
+    let j = job("renewkeep");
+    let slot = now();
+    let mut a = spec(&j, slot, &holder("a", 1));
+    a.lease_ms = 5_000;
+    let won = s.claim(&a, &none()).await.unwrap();
+    assert_eq!(won.valid_for_ms(), 5_000);
+    let mut r = RenewSpec {
+        job: j.clone(),
+        slot_ms: slot,
+        token: a.token.clone(),
+        lease_ms: 0,
+    };
+    let renewed = leases(s).renew(&r, &none()).await.unwrap();
+    let left = renewed.lease_until_ms - renewed.now_ms;
+    assert_eq!(
+        left, 5_000,
+        "renew without a lease keeps the claim's: {renewed:?}"
+    );
+    // An explicit lease is used, and does not replace the claimed one.
+    r.lease_ms = 20_000;
+    let renewed = leases(s).renew(&r, &none()).await.unwrap();
+    assert_eq!(renewed.lease_until_ms - renewed.now_ms, 20_000);
+    r.lease_ms = 0;
+    let renewed = leases(s).renew(&r, &none()).await.unwrap();
+    assert_eq!(renewed.lease_until_ms - renewed.now_ms, 5_000);
 }
 
 pub async fn end_lease_hands_over(s: &dyn Store) {

@@ -63,12 +63,12 @@ pub struct BenchArgs {
     /// Age the store with N finished runs, then measure raw and sidecar again.
     #[arg(long, value_name = "N")]
     pub age: Option<u64>,
-    /// Retention of the pruning that runs while aging and after it
-    /// [default: the shortest a sidecar allows, max-late 60 s + 1 h].
-    #[arg(long, value_name = "MS", default_value_t = 3_660_000)]
+    /// Retention of the pruning that runs while aging and after it (the
+    /// shortest a sidecar allows: max-late 60 s + 1 h).
+    #[arg(long, value_name = "DURATION", default_value = "61m", value_parser = crate::duration::parse_ms)]
     pub age_retention_ms: u64,
-    /// How often that pruning runs [default: as the sidecar, every 60 s].
-    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    /// How often that pruning runs (as the sidecar does).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::duration::parse_ms)]
     pub age_prune_every_ms: u64,
     /// Concurrent tasks that create the aged runs.
     #[arg(long, value_name = "N", default_value_t = 64)]

@@ -79,6 +79,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "store_identity",
         include_str!("../../../migrations/postgres/0004_store_identity.sql"),
     ),
+    (
+        5,
+        "run_lease",
+        include_str!("../../../migrations/postgres/0005_run_lease.sql"),
+    ),
 ];
 
 /// Where and how a PostgreSQL store runs, from its backend URL.
@@ -167,8 +172,19 @@ pub(super) fn parse_url(url: &str) -> Result<Backend> {
 }
 
 /// The table prefix goes into identifiers, so it is held to
-/// `[a-z_][a-z0-9_]{0,40}`.
+/// `[a-z_][a-z0-9_]{0,40}`, not ending in `_` (the tables are
+/// `<prefix>_runs`, …: `x_` would make `x__runs`).
 fn check_table(table: &str) -> Result<()> {
+    if table.ends_with('_') {
+        return Err(Error::invalid(
+            "table",
+            format!(
+                "{table:?} must not end with _: the tables are named {table}_runs, {table}_jobs, …; \
+                 use {:?}",
+                table.trim_end_matches('_')
+            ),
+        ));
+    }
     let ok = table.len() <= 41
         && table
             .bytes()
@@ -361,7 +377,13 @@ impl Statements {
                 "WITH fence AS (UPDATE {jobs} SET fence = $12 WHERE job = $1 AND fence < $12) {}",
                 sql::upsert_run_sql(&runs)
             ),
-            renew: format!("UPDATE {runs} SET lease_until_ms = $3 WHERE job = $1 AND slot_ms = $2"),
+            // $3 the clock, $4 the lease asked for (0 = the run's own, see
+            // sql::RENEW_LEASE).
+            renew: format!(
+                "UPDATE {runs} SET lease_until_ms = $3 + {}
+                 WHERE job = $1 AND slot_ms = $2 RETURNING lease_until_ms",
+                sql::renew_lease("$4", "GREATEST")
+            ),
             release: format!(
                 "UPDATE {runs} SET state = $3, finished_at_ms = $4 WHERE job = $1 AND slot_ms = $2"
             ),
@@ -419,6 +441,16 @@ impl PostgresStore {
                 .fetch_one(&mut *conn)
                 .await
                 .map_err(|e| Fail::from(e).into_error())?;
+            // A bare postgres:// URL picks the database and user from the
+            // environment (often the OS user): say which at start.
+            if let Ok((db, user)) = sqlx::query_as::<_, (String, String)>(
+                "SELECT current_database()::text, current_user::text",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            {
+                tracing::info!(database = %db, user = %user, tables = %format!("{table}_*"), "postgres store");
+            }
             conn.done();
             id
         };
@@ -785,12 +817,12 @@ impl PostgresStore {
         let mut tx = conn.begin().await?;
         let (now, run) = self.locked_run(&mut tx, &spec.job, spec.slot_ms).await?;
         let r = decide_renew(run.as_ref(), &spec.token, dead)?;
-        let lease_until = now.saturating_add(spec.lease_ms);
-        sqlx::query(&self.sql.renew)
+        let lease_until: i64 = sqlx::query_scalar(&self.sql.renew)
             .bind(spec.job.as_str())
             .bind(spec.slot_ms)
-            .bind(lease_until)
-            .execute(&mut *tx)
+            .bind(now)
+            .bind(spec.lease_ms)
+            .fetch_one(&mut *tx)
             .await?;
         let out = Renewed {
             lease_until_ms: lease_until,
@@ -1027,14 +1059,24 @@ mod tests {
 
     #[test]
     fn table_prefix_is_checked_and_named() {
-        for bad in ["", "1abc", "A", "a-b", "a;drop", &"a".repeat(42), "ü"] {
+        for bad in [
+            "",
+            "1abc",
+            "A",
+            "a-b",
+            "a;drop",
+            &"a".repeat(42),
+            "ü",
+            "x_",
+            "_",
+        ] {
             let e = parse_url(&format!("postgres://u@h/db?table={bad}")).unwrap_err();
             assert!(
                 matches!(e, Error::InvalidArgument { field: "table", .. }),
                 "{bad}: {e}"
             );
         }
-        for good in ["_", "a", "anarchon", "t_0f", &"a".repeat(41)] {
+        for good in ["_a", "a", "anarchon", "t_0f", &"a".repeat(41)] {
             assert!(parse_url(&format!("postgres://u@h/db?table={good}")).is_ok());
         }
         let e = parse_url("postgres://u@h/db?max_connections=0").unwrap_err();

@@ -5,7 +5,8 @@
 -- `now` is Redis's own clock (TIME), read inside the step.
 --
 -- KEYS (all carry the job's {hash tag}, so they share one cluster slot):
---   1 runs     hash   slot -> run record
+--   1 runs     hash   slot -> run record, and 'L'..slot -> the lease (ms) the
+--                     run was claimed with (a renew without a lease keeps it)
 --   2 slots    zset   slot (score = slot_ms): history order and pruning
 --   3 running  set    slots whose run may exclude others (RUNNING, lease not
 --                     known to have lapsed): what `overlap = SKIP` looks at
@@ -212,7 +213,7 @@ local function claim()
       lease_until = now + lease_ms, claimed_at = now, finished_at = 0,
       token = token, inst = inst, node = node,
     }
-    redis.call('HSET', KEYS[1], slot_s, encode(r))
+    redis.call('HSET', KEYS[1], slot_s, encode(r), 'L' .. slot_s, num(lease_ms))
     redis.call('ZADD', KEYS[2], slot_s, slot_s)
     redis.call('SADD', KEYS[3], slot_s)
     log(ev, slot_s, r, maxlen)
@@ -266,12 +267,13 @@ local function claim()
     return { 3, r.attempt, 0, 0, now, '', '', 'interrupted', 0 }
   end
   if slot == 0 then
-    -- A finished lock is free again.
+    -- A finished lock is free again: a new run (attempt 1), not a takeover.
     local o = overlapping()
     if o then
       return { 5, 0, 0, 0, now, o.node, o.inst, 'job_running', 0 }
     end
-    return win(r.attempt + 1, 'relock')
+    -- A new run of the lock (attempt 1), not a takeover; fencing rises.
+    return win(1, 'relock')
   end
   local reasons = { SUCCEEDED = 'succeeded', FAILED = 'failed', INTERRUPTED = 'interrupted' }
   return { 3, r.attempt, 0, 0, now, '', '', reasons[r.state] or 'finished', 0 }
@@ -287,7 +289,8 @@ end
 
 -- Reply: { 1, lease_until, attempt, fencing, now } or { 0, reason }.
 if op == 'renew' then
-  -- ARGV: 2 slot, 3 token, 4 lease_ms, 5.. dead holders
+  -- ARGV: 2 slot, 3 token, 4 lease_ms (0 = the lease the run was claimed
+  --       with), 5.. dead holders
   local slot_s, token, lease_ms = ARGV[2], ARGV[3], tonumber(ARGV[4])
   local is_dead = liveness(5)
   local r, malformed = read(slot_s)
@@ -298,7 +301,11 @@ if op == 'renew' then
     return { 0, 'not_found' }
   end
   if r.token ~= token then
-    return { 0, 'taken_over' }
+    -- claim::wrong_token: only a run that was taken over had other holders.
+    if r.attempt > 1 then
+      return { 0, 'taken_over' }
+    end
+    return { 0, 'not_holder' }
   end
   if r.state == 'SUCCEEDED' or r.state == 'FAILED' then
     return { 0, 'released' }
@@ -308,6 +315,11 @@ if op == 'renew' then
   end
   if is_dead(r.node, r.inst) then
     return { 0, 'holder_dead' }
+  end
+  if lease_ms <= 0 then
+    -- A run claimed before the lease was recorded: its first lease.
+    lease_ms = tonumber(redis.call('HGET', KEYS[1], 'L' .. slot_s))
+      or math.max(r.lease_until - r.claimed_at, 1)
   end
   local now = now_ms()
   r.lease_until = now + lease_ms
@@ -329,7 +341,11 @@ if op == 'release' then
     return { 0, 'not_found' }
   end
   if r.token ~= token then
-    return { 0, 'taken_over' }
+    -- claim::wrong_token: only a run that was taken over had other holders.
+    if r.attempt > 1 then
+      return { 0, 'taken_over' }
+    end
+    return { 0, 'not_holder' }
   end
   if r.state == 'SUCCEEDED' or r.state == 'FAILED' then
     return { 1, r.node, r.inst, 0 }
@@ -411,7 +427,7 @@ if op == 'prune' then
       redis.call('ZREM', KEYS[2], s)
       redis.call('SREM', KEYS[3], s)
     elseif r and r.claimed_at < cutoff and (r.state ~= 'RUNNING' or r.lease_until < cutoff) then
-      redis.call('HDEL', KEYS[1], s)
+      redis.call('HDEL', KEYS[1], s, 'L' .. s)
       redis.call('ZREM', KEYS[2], s)
       redis.call('SREM', KEYS[3], s)
       n = n + 1

@@ -93,7 +93,7 @@ impl LeaseStore {
                 full_history: true,
                 retention: format!(
                     "runs are kept {} after they are claimed (longer than any late claim may ask); each job's event stream holds about its last {} events",
-                    humantime::format_duration(opts.retention),
+                    crate::duration::human(opts.retention),
                     cfg.history_maxlen
                 ),
                 identity: cfg.identity(),
@@ -236,6 +236,7 @@ fn fence_error(reason: &str) -> Error {
     match reason {
         "not_found" => Error::NotFound("no such run".into()),
         "taken_over" => Error::Fenced(FenceReason::TakenOver),
+        "not_holder" => Error::Fenced(FenceReason::NotHolder),
         "released" => Error::Fenced(FenceReason::Released),
         "finished" => Error::Fenced(FenceReason::Finished),
         "holder_dead" => Error::Fenced(FenceReason::HolderDead),

@@ -9,7 +9,8 @@
 -- ARGV: 1 slot, 2 token, 3 state (SUCCEEDED/FAILED), 4 the entry ID when it
 --       is known from the slot (stream-id) or '' to scan for it, 5 results
 --       TTL in ms (0 = keep), 6 how many entries a scan looks at, at most
--- Reply: { 1 } or { 0, 'not_found' | 'taken_over' }
+-- Reply: { 1 } or { 0, 'not_found' | 'not_holder' } (a once backend has no
+-- takeovers: a token other than the stored claim's never held the slot)
 
 local function fields(f)
   local t = {}
@@ -48,7 +49,7 @@ if not entry then
   return { 0, 'not_found' }
 end
 if entry.token ~= token then
-  return { 0, 'taken_over' }
+  return { 0, 'not_holder' }
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -185,7 +185,7 @@ impl OnceBase {
         }
         match reply::string(r.get(1))?.as_str() {
             "not_found" => Err(Error::NotFound("no such claim".into())),
-            "taken_over" => Err(Error::Fenced(FenceReason::TakenOver)),
+            "not_holder" | "taken_over" => Err(Error::Fenced(FenceReason::NotHolder)),
             other => Err(Error::Store(format!("redis: unexpected answer {other:?}"))),
         }
     }

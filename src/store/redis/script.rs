@@ -38,7 +38,7 @@ impl ScriptStore {
             .load_async(&mut conn.clone())
             .await
             .map_err(convert)?;
-        let window = humantime::format_duration(std::time::Duration::from_millis(cfg.window_ms));
+        let window = crate::duration::human(std::time::Duration::from_millis(cfg.window_ms));
         let info = StoreInfo {
             backend: cfg.backend_name(),
             leases: false,
