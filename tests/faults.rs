@@ -10,7 +10,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::lab::{self, ms, Clients, Ended, Lab, Nft, EXPIRY, HB, LEASE};
+use common::lab::{self, ms, Clients, Ended, Lab, Nft, LEASE};
+use common::liveness::{EXPIRY, HB};
 use common::restart::{self, Server};
 
 /// These tests measure time and share nftables: they take turns.

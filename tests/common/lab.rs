@@ -25,8 +25,6 @@ use tonic::transport::Channel;
 
 use super::process::{free_addr_on, Sidecar};
 
-pub const HB: u64 = 200;
-pub const EXPIRY: u64 = 1500;
 pub const LEASE: i64 = 3000;
 
 /// Group ids of the lab's sidecars (one each).
@@ -154,19 +152,7 @@ impl Lab {
         let addrs: Vec<SocketAddr> = ips.iter().map(|ip| free_addr_on(IpAddr::V4(*ip))).collect();
         let nodes = (0..n)
             .map(|i| {
-                let mut flags = vec![
-                    "--backend".to_string(),
-                    backend.to_string(),
-                    "--heartbeat-ms".into(),
-                    HB.to_string(),
-                    "--expiry-ms".into(),
-                    EXPIRY.to_string(),
-                ];
-                for (j, a) in addrs.iter().enumerate() {
-                    if j != i {
-                        flags.extend(["--peer".into(), a.to_string()]);
-                    }
-                }
+                let flags = super::liveness::mesh_flags(backend, &addrs, i);
                 let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
                 let gid = GID_BASE + i as u32;
                 Node {
@@ -192,37 +178,8 @@ impl Lab {
 
     /// Waits until every sidecar sees every other one ALIVE.
     pub async fn linked(&self) {
-        let end = Instant::now() + Duration::from_secs(15);
-        let want = self.nodes.len() - 1;
-        loop {
-            let mut ok = true;
-            for n in &self.nodes {
-                let alive = match Channel::from_shared(n.sidecar.url())
-                    .unwrap()
-                    .connect()
-                    .await
-                {
-                    Ok(ch) => anarchon::proto::mesh_client::MeshClient::new(ch)
-                        .list_peers(pb::ListPeersRequest {})
-                        .await
-                        .map(|l| {
-                            l.into_inner()
-                                .peers
-                                .iter()
-                                .filter(|p| p.state == pb::PeerState::Alive as i32)
-                                .count()
-                        })
-                        .unwrap_or(0),
-                    Err(_) => 0,
-                };
-                ok &= alive >= want;
-            }
-            if ok {
-                return;
-            }
-            assert!(Instant::now() < end, "the lab's sidecars did not link");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let addrs: Vec<SocketAddr> = self.nodes.iter().map(|n| n.sidecar.addr).collect();
+        super::soak::linked(&addrs).await;
     }
 
     /// Cuts node `a` from node `b` in both directions.

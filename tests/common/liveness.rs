@@ -27,25 +27,32 @@ fn won(r: &pb::ClaimResponse) -> bool {
     r.outcome == pb::Outcome::Won as i32
 }
 
+/// The flags of sidecar `i` of a full mesh of `addrs` on `backend`, with
+/// these timings.
+pub fn mesh_flags(backend: &str, addrs: &[std::net::SocketAddr], i: usize) -> Vec<String> {
+    let mut flags = vec![
+        "--backend".to_string(),
+        backend.to_string(),
+        "--heartbeat-ms".into(),
+        HB.to_string(),
+        "--expiry-ms".into(),
+        EXPIRY.to_string(),
+    ];
+    for (j, a) in addrs.iter().enumerate() {
+        if j != i {
+            flags.extend(["--peer".into(), a.to_string()]);
+        }
+    }
+    flags
+}
+
 /// `n` sidecars on `backend` with these timings, each linked to every
 /// other, in `root/n0`, `root/n1`, …
 pub fn mesh(root: &std::path::Path, n: usize, backend: &str) -> Vec<Sidecar> {
     let addrs: Vec<std::net::SocketAddr> = (0..n).map(|_| free_addr()).collect();
     (0..n)
         .map(|i| {
-            let mut flags = vec![
-                "--backend".to_string(),
-                backend.to_string(),
-                "--heartbeat-ms".into(),
-                HB.to_string(),
-                "--expiry-ms".into(),
-                EXPIRY.to_string(),
-            ];
-            for (j, a) in addrs.iter().enumerate() {
-                if j != i {
-                    flags.extend(["--peer".into(), a.to_string()]);
-                }
-            }
+            let flags = mesh_flags(backend, &addrs, i);
             let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
             Sidecar::start_at(&root.join(format!("n{i}")), addrs[i], &flags)
         })
