@@ -138,7 +138,10 @@ export ANARCHON_A="127.0.0.1:$port_a" ANARCHON_B="127.0.0.1:$port_b" ANARCHON_C=
 export ANARCHON_C_TOKEN="clients-test-$RANDOM$RANDOM"
 printf '%s\n' "$ANARCHON_C_TOKEN" >"$work/c.token"
 mkdir -p "$work/a" "$work/b" "$work/c"
-mesh=(--heartbeat-ms 200 --expiry-ms 5000)
+# A long expiry: every valid_for_ms is capped at the self-fence (expiry − a
+# tenth, counted from the last liveness refresh; docs/safety.md), and the
+# tests compare valid_for with leases of up to 5 s.
+mesh=(--heartbeat-ms 200 --expiry-ms 20000)
 "$bin" serve --listen "$ANARCHON_A" --admin-listen 127.0.0.1:0 --data-dir "$work/a" \
   --backend "sqlite://$work/shared.db" --peer "$ANARCHON_B" "${mesh[@]}" >"$work/a.log" 2>&1 &
 pid_a=$!; pids+=("$pid_a")

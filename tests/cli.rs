@@ -562,9 +562,10 @@ fn help_describes_every_flag() {
     }
     let help = String::from_utf8_lossy(&anarchon(&["cron", "-h"]).stdout).into_owned();
     assert!(help.contains("7 with a year"), "{help}");
-    // One duration syntax: units or bare milliseconds, everywhere.
+    // One duration syntax: units or bare milliseconds, everywhere. (A long
+    // expiry, so that the self-fence never caps these short leases' valid_for.)
     let dir = tempfile::tempdir().unwrap();
-    let s = Sidecar::start(dir.path(), &[]);
+    let s = Sidecar::start(dir.path(), &["--expiry-ms", "30000"]);
     let server = s.addr.to_string();
     let out = anarchon(&[
         "claim",
@@ -623,7 +624,7 @@ fn history_text_and_once_backend_claims_read_well() {
     let dir = tempfile::tempdir().unwrap();
     let s = Sidecar::start(dir.path(), &[]);
     let server = s.addr.to_string();
-    let out = anarchon(&["claim", "hist-job", "--slot", "now", "--server", &server]);
+    let out = anarchon(&["claim", "hist-job", "--slot", "now/1m", "--server", &server]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let out = anarchon(&["history", "hist-job", "--server", &server]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -758,7 +758,8 @@ async fn standard_tools_reflection_health_metrics_and_bad_bodies() {
 /// released lock is attempt 1 and leaves anarchon_takeovers_total alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_wrong_token_and_relock_through_grpc() {
-    let s = InProc::start(|_| {}).await;
+    // A long expiry: the self-fence then never caps a 5 s lease's valid_for.
+    let s = InProc::start(|c| c.expiry_ms = 30_000).await;
     let mut c = s.claims().await;
     let a = c
         .claim(pb::ClaimRequest {

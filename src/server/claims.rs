@@ -604,10 +604,7 @@ async fn keep_renewing(
                 break;
             }
             _ = tokio::time::sleep_until(until) => {
-                let reason = match &last_error {
-                    Some(_) => "unavailable",
-                    None => "liveness_unconfirmed",
-                };
+                let reason = hand_back(&s, spec, last_error.is_some()).await;
                 tracing::warn!(reason, "hold reached its deadline without a renewal");
                 tell_last(&tx, lost(reason)).await;
                 break;
@@ -617,7 +614,8 @@ async fn keep_renewing(
         let sent = Instant::now();
         if sent >= hold.valid_until {
             // Woken late (a pause): the client has already stopped.
-            tell_last(&tx, lost("liveness_unconfirmed")).await;
+            let reason = hand_back(&s, spec, last_error.is_some()).await;
+            tell_last(&tx, lost(reason)).await;
             break;
         }
         let bound = match s.promise() {
@@ -705,6 +703,33 @@ async fn keep_renewing(
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_millis(500), delivered).await;
     s.metrics.holds_open.dec();
+}
+
+/// A hold whose deadline passed without a renewal: its client has stopped,
+/// so the run is handed back at once (the next claimer need not wait for
+/// the lease to lapse), and the answer names why it was lost: `fenced` when
+/// the run is no longer ours (taken over meanwhile), `expired` when it was
+/// (a pause, a slow store), `unavailable` or `liveness_unconfirmed` when the
+/// store cannot be reached (renewals failed, or this sidecar's own record).
+async fn hand_back(s: &ClaimsState, spec: &ClaimSpec, renew_failed: bool) -> &'static str {
+    let Some(leases) = s.store.leases() else {
+        return "expired";
+    };
+    let ended = tokio::time::timeout(
+        Duration::from_millis(200),
+        leases.end_lease(&spec.job, spec.slot_ms, &spec.token),
+    )
+    .await;
+    match ended {
+        Ok(Ok(true)) => {
+            s.notify(&spec.job, spec.slot_ms);
+            s.runs.lease_ended(spec.job.as_str(), spec.slot_ms);
+            "expired"
+        }
+        Ok(Ok(false)) => "fenced",
+        _ if renew_failed => "unavailable",
+        _ => "liveness_unconfirmed",
+    }
 }
 
 /// Sends the last event of a stream (the renewal task then ends the stream
