@@ -342,9 +342,9 @@ async fn make_runs(addr: SocketAddr) -> serde_json::Value {
         lease_ms,
         ..Default::default()
     };
-    let first = c.claim(authed(lock(300))).await.unwrap().into_inner();
+    let first = c.claim(authed(lock(600))).await.unwrap().into_inner();
     won(&first, 1);
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(750)).await;
     let second = c.claim(authed(lock(60_000))).await.unwrap().into_inner();
     won(&second, 2);
     let st = c
