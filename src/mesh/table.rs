@@ -345,19 +345,9 @@ impl PeerTable {
     /// Holders whose runs no longer exclude anyone: expired or left
     /// instances, and every instance older than the newest known one.
     pub fn dead_holders(&self, now: Instant) -> DeadHolders {
-        let mut d = DeadHolders::none();
-        d.set_current(&self.self_node, self.self_instance);
-        for e in self.peers.values() {
-            d.set_current(&e.mark.node, e.mark.instance);
-            if matches!(
-                state_of(e, now, self.cfg.expiry),
-                pb::PeerState::Expired | pb::PeerState::Left
-            ) {
-                d.mark_dead(Holder {
-                    node: e.mark.node.clone(),
-                    instance: e.mark.instance,
-                });
-            }
+        let (mut d, expired) = self.dead_split(now);
+        for h in expired {
+            d.mark_dead(h);
         }
         d
     }

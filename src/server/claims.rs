@@ -186,20 +186,33 @@ impl ClaimsState {
         match bound.cap_ms(now, a.valid_for_ms()) {
             Some(cap) => Ok(cap),
             None => {
-                let ended = match self.store.leases() {
-                    Some(l) => l.end_lease(&spec.job, spec.slot_ms, &spec.token).await,
-                    None => Ok(false),
-                };
-                if let Err(e) = ended {
+                if let Err(e) = self.end_lease(spec).await {
                     tracing::warn!(error = %e, "could not hand back a win the self-fence no longer covers");
                 }
-                self.notify(&spec.job, spec.slot_ms);
                 Err(Error::Unavailable(
                     "this sidecar's liveness confirmation ran out during the claim; the win was handed back"
                         .into(),
                 ))
             }
         }
+    }
+
+    /// Ends the lease held with `spec.token` at once (its holder stopped),
+    /// so the next claimer takes the run over; wakes waiters and tells the
+    /// dashboard when a lease did end. `false` when there was none to end
+    /// (released, taken over, or a store without leases).
+    async fn end_lease(&self, spec: &ClaimSpec) -> Result<bool> {
+        let Some(leases) = self.store.leases() else {
+            return Ok(false);
+        };
+        let ended = leases
+            .end_lease(&spec.job, spec.slot_ms, &spec.token)
+            .await?;
+        if ended {
+            self.notify(&spec.job, spec.slot_ms);
+            self.runs.lease_ended(spec.job.as_str(), spec.slot_ms);
+        }
+        Ok(ended)
     }
 
     fn observe(&self, rpc: &'static str, started: Instant) {
@@ -684,16 +697,8 @@ async fn keep_renewing(
     if client_gone {
         // The worker died without releasing: end the lease now so the next
         // claimer takes the run over. A no-op if it was released.
-        let ended = match s.store.leases() {
-            Some(l) => l.end_lease(&spec.job, spec.slot_ms, &spec.token).await,
-            None => Ok(false),
-        };
-        match ended {
-            Ok(true) => {
-                tracing::info!("hold stream broke without release; lease ended");
-                s.notify(&spec.job, spec.slot_ms);
-                s.runs.lease_ended(spec.job.as_str(), spec.slot_ms);
-            }
+        match s.end_lease(spec).await {
+            Ok(true) => tracing::info!("hold stream broke without release; lease ended"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "could not end the lease of a broken hold"),
         }
@@ -712,20 +717,11 @@ async fn keep_renewing(
 /// (a pause, a slow store), `unavailable` or `liveness_unconfirmed` when the
 /// store cannot be reached (renewals failed, or this sidecar's own record).
 async fn hand_back(s: &ClaimsState, spec: &ClaimSpec, renew_failed: bool) -> &'static str {
-    let Some(leases) = s.store.leases() else {
+    if s.store.leases().is_none() {
         return "expired";
-    };
-    let ended = tokio::time::timeout(
-        Duration::from_millis(200),
-        leases.end_lease(&spec.job, spec.slot_ms, &spec.token),
-    )
-    .await;
-    match ended {
-        Ok(Ok(true)) => {
-            s.notify(&spec.job, spec.slot_ms);
-            s.runs.lease_ended(spec.job.as_str(), spec.slot_ms);
-            "expired"
-        }
+    }
+    match tokio::time::timeout(Duration::from_millis(200), s.end_lease(spec)).await {
+        Ok(Ok(true)) => "expired",
         Ok(Ok(false)) => "fenced",
         _ if renew_failed => "unavailable",
         _ => "liveness_unconfirmed",
