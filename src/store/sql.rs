@@ -85,8 +85,18 @@ where
     String: Decode<'r, R::Database> + Type<R::Database>,
 {
     let bad = |e: sqlx::Error| Error::Store(format!("malformed run row: {e}"));
-    let get_i64 = |c: &'static str| row.try_get::<i64, _>(c).map_err(bad);
-    let get_str = |c: &'static str| row.try_get::<String, _>(c).map_err(bad);
+    run_from_columns(
+        |c| row.try_get::<i64, _>(c).map_err(bad),
+        |c| row.try_get::<String, _>(c).map_err(bad),
+    )
+}
+
+/// Reads a run through two column getters (by [`RUN_COLUMNS`] name), whatever
+/// the driver.
+pub(super) fn run_from_columns(
+    get_i64: impl Fn(&'static str) -> Result<i64>,
+    get_str: impl Fn(&'static str) -> Result<String>,
+) -> Result<RunRow> {
     Ok(RunRow {
         slot_ms: get_i64("slot_ms")?,
         state: RunState::parse(&get_str("state")?)?,
@@ -140,6 +150,25 @@ pub(super) trait RunAccess: Send {
 
     /// Writes the run.
     async fn write(&mut self, job: &Job, run: &RunRow) -> Result<(), Self::Err>;
+
+    /// Extends the run's lease from `now` by `lease_ms` (0: the lease it was
+    /// claimed with, see [`renew_lease`]); returns the new `lease_until_ms`.
+    async fn extend(
+        &mut self,
+        job: &Job,
+        slot: SlotMs,
+        now: i64,
+        lease_ms: i64,
+    ) -> Result<i64, Self::Err>;
+
+    /// Marks the run finished in `state` at `now`.
+    async fn finish(
+        &mut self,
+        job: &Job,
+        slot: SlotMs,
+        state: RunState,
+        now: i64,
+    ) -> Result<(), Self::Err>;
 
     /// The liveness counters of `holders` (0 without a record), read so that
     /// no refresh of them can commit before this step does.
@@ -215,4 +244,42 @@ pub(super) async fn claim_locked<A: RunAccess>(
         runs.write(&spec.job, w).await?;
     }
     Ok(d.answer(spec, run.as_ref(), written.as_ref(), now))
+}
+
+/// The renew under the store's lock: read the run again, check the token and
+/// the holder, extend the lease. `now` is the store's clock after the lock.
+pub(super) async fn renew_locked<A: RunAccess>(
+    runs: &mut A,
+    spec: &RenewSpec,
+    dead: &DeadHolders,
+    now: i64,
+) -> Result<Renewed, A::Err> {
+    let run = runs.run(&spec.job, spec.slot_ms).await?;
+    let r = decide_renew(run.as_ref(), &spec.token, dead)?;
+    let (attempt, fencing) = (r.attempt, r.fencing);
+    let lease_until_ms = runs
+        .extend(&spec.job, spec.slot_ms, now, spec.lease_ms)
+        .await?;
+    Ok(Renewed {
+        lease_until_ms,
+        attempt,
+        fencing,
+        now_ms: now,
+    })
+}
+
+/// The release under the store's lock: read the run again and mark it
+/// finished, unless it already is with this token (idempotent).
+pub(super) async fn release_locked<A: RunAccess>(
+    runs: &mut A,
+    spec: &ReleaseSpec,
+    dead: &DeadHolders,
+    now: i64,
+) -> Result<(), A::Err> {
+    let run = runs.run(&spec.job, spec.slot_ms).await?;
+    if decide_release(run.as_ref(), &spec.token, dead)? == ReleaseDecision::Write {
+        runs.finish(&spec.job, spec.slot_ms, spec.result.state(), now)
+            .await?;
+    }
+    Ok(())
 }

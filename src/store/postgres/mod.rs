@@ -590,6 +590,28 @@ impl RunAccess for PgRuns<'_> {
         Ok(())
     }
 
+    async fn extend(&mut self, job: &Job, slot: SlotMs, now: i64, lease_ms: i64) -> Attempt<i64> {
+        let lease_until: i64 = sqlx::query_scalar(&self.sql.renew)
+            .bind(job.as_str())
+            .bind(slot)
+            .bind(now)
+            .bind(lease_ms)
+            .fetch_one(&mut *self.conn)
+            .await?;
+        Ok(lease_until)
+    }
+
+    async fn finish(&mut self, job: &Job, slot: SlotMs, state: RunState, now: i64) -> Attempt<()> {
+        sqlx::query(&self.sql.release)
+            .bind(job.as_str())
+            .bind(slot)
+            .bind(state.as_str())
+            .bind(now)
+            .execute(&mut *self.conn)
+            .await?;
+        Ok(())
+    }
+
     async fn liveness(&mut self, holders: &[Holder]) -> Attempt<Vec<u64>> {
         let rows = fetch_liveness(&mut *self.conn, &self.sql.liveness_for_share, holders).await?;
         Ok(rows)
@@ -794,19 +816,12 @@ impl PostgresStore {
     }
 
     /// For renew and release: takes the job's lock and returns the clock
-    /// after it and the run, read `FOR UPDATE`. A job without a row has no
-    /// runs.
-    async fn locked_run(
-        &self,
-        conn: &mut PgConnection,
-        job: &Job,
-        slot: SlotMs,
-    ) -> Attempt<(i64, Option<RunRow>)> {
-        let now = self
+    /// after it. A job without a row has no runs.
+    async fn lock_job_of_run(&self, conn: &mut PgConnection, job: &Job) -> Attempt<i64> {
+        Ok(self
             .lock_existing_job(conn, job)
             .await?
-            .ok_or_else(|| Error::NotFound("no such run".into()))?;
-        Ok((now, self.runs(conn, 0).run(job, slot).await?))
+            .ok_or_else(|| Error::NotFound("no such run".into()))?)
     }
 
     async fn renew_once(&self, spec: &RenewSpec, dead: &DeadHolders) -> Attempt<Renewed> {
@@ -815,21 +830,8 @@ impl PostgresStore {
         decide_renew(snap.as_ref(), &spec.token, dead)?;
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
-        let (now, run) = self.locked_run(&mut tx, &spec.job, spec.slot_ms).await?;
-        let r = decide_renew(run.as_ref(), &spec.token, dead)?;
-        let lease_until: i64 = sqlx::query_scalar(&self.sql.renew)
-            .bind(spec.job.as_str())
-            .bind(spec.slot_ms)
-            .bind(now)
-            .bind(spec.lease_ms)
-            .fetch_one(&mut *tx)
-            .await?;
-        let out = Renewed {
-            lease_until_ms: lease_until,
-            attempt: r.attempt,
-            fencing: r.fencing,
-            now_ms: now,
-        };
+        let now = self.lock_job_of_run(&mut tx, &spec.job).await?;
+        let out = sql::renew_locked(&mut self.runs(&mut tx, 0), spec, dead, now).await?;
         tx.commit().await?;
         conn.done();
         Ok(out)
@@ -842,16 +844,8 @@ impl PostgresStore {
         }
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
-        let (now, run) = self.locked_run(&mut tx, &spec.job, spec.slot_ms).await?;
-        if decide_release(run.as_ref(), &spec.token, dead)? == ReleaseDecision::Write {
-            sqlx::query(&self.sql.release)
-                .bind(spec.job.as_str())
-                .bind(spec.slot_ms)
-                .bind(spec.result.state().as_str())
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
+        let now = self.lock_job_of_run(&mut tx, &spec.job).await?;
+        sql::release_locked(&mut self.runs(&mut tx, 0), spec, dead, now).await?;
         tx.commit().await?;
         conn.done();
         Ok(())

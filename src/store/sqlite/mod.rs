@@ -1,0 +1,321 @@
+//! The SQLite store: the embedded default.
+//!
+//! Why the step is atomic: every write opens with `BEGIN IMMEDIATE`, which
+//! takes SQLite's single database write lock *before* the run is read, so the
+//! read, the decision and the write happen while no other connection — in
+//! this process or in any other process sharing the file — can write.
+//! Contenders wait up to `busy_timeout`. Inside this process every write goes
+//! through one writer thread ([`writer`]), which gathers the operations that
+//! arrive together into one transaction (group commit), each decided on its
+//! own under the lock. `now` is the host clock, read after the lock is taken
+//! (every writer of the file shares that clock).
+//!
+//! Most claims never write: a plain `SELECT` first answers finished runs,
+//! live leases and resends; only a missing run or a lapsed lease enters the
+//! write transaction, which reads and decides again under the lock.
+
+mod writer;
+
+use std::path::Path;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use rusqlite::params;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use super::sql::{self, run_from_row, RUN_COLUMNS};
+use super::{Leases, Store, StoreInfo, StoreOptions};
+use crate::claim::*;
+use crate::error::{Error, Result};
+use writer::{now, Phase, Writer};
+
+/// The SQLite store: sqlx runs the migrations and the reads that never
+/// write (history, ping); every operation that may write goes to the
+/// [`Writer`] thread.
+pub struct SqliteStore {
+    pool: SqlitePool,
+    writer: Writer,
+    info: StoreInfo,
+}
+
+impl SqliteStore {
+    pub async fn open(path: &str, opts: &StoreOptions) -> Result<SqliteStore> {
+        if let Some(dir) = Path::new(path).parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    Error::Unavailable(format!("cannot create {}: {e}", dir.display()))
+                })?;
+            }
+        }
+        let connect = SqliteConnectOptions::from_str("sqlite://")
+            .map_err(convert)?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(opts.busy_timeout)
+            .foreign_keys(false);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .min_connections(1)
+            .connect_with(connect)
+            .await
+            .map_err(convert)?;
+        migrate(&pool, path).await?;
+        let id: String = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'store_id'")
+            .fetch_one(&pool)
+            .await
+            .map_err(convert)?;
+        let writer = Writer::start(path, opts.busy_timeout)?;
+        Ok(SqliteStore {
+            pool,
+            writer,
+            info: StoreInfo {
+                backend: "sqlite",
+                leases: true,
+                full_history: true,
+                retention: sql::retention_note(opts.retention),
+                identity: format!("sqlite:{id}"),
+            },
+        })
+    }
+}
+
+/// Runs the embedded migrations, holding an exclusive lock on a file next to
+/// the database so that several processes starting at once do not race.
+async fn migrate(pool: &SqlitePool, path: &str) -> Result<()> {
+    let lock_path = format!("{path}.migrate.lock");
+    let lock = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)?;
+        f.lock()?;
+        Ok(f)
+    })
+    .await
+    .map_err(|e| Error::Store(format!("migration lock task: {e}")))?
+    .map_err(|e| Error::Unavailable(format!("cannot lock for migrations: {e}")))?;
+    let res = sqlx::migrate!("./migrations/sqlite")
+        .run(pool)
+        .await
+        .map_err(|e| Error::Store(format!("sqlite migrations failed: {e}")));
+    drop(lock);
+    res
+}
+
+/// Translates sqlx errors: a busy/locked database or a lost connection is
+/// `UNAVAILABLE` (retry), anything else a store error. Never a win.
+fn convert(e: sqlx::Error) -> Error {
+    match &e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            // SQLITE_BUSY (5), SQLITE_LOCKED (6) and their extended codes.
+            let primary = code.parse::<i64>().unwrap_or(0) & 0xff;
+            if primary == 5 || primary == 6 {
+                Error::Unavailable(format!("sqlite is busy: {db}"))
+            } else {
+                Error::Store(format!("sqlite: {db}"))
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Error::Unavailable(format!("sqlite: {e}")),
+        _ => Error::Store(format!("sqlite: {e}")),
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn info(&self) -> &StoreInfo {
+        &self.info
+    }
+
+    async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Result<ClaimAnswer> {
+        let (spec, dead) = (spec.clone(), dead.clone());
+        self.writer
+            .run(move |a, phase| match phase {
+                // Most answers need no write lock.
+                Phase::Read => {
+                    let run = a.read_run(&spec.job, spec.slot_ms)?;
+                    let now_ms = host_now_ms();
+                    now(sql::answer_without_write(
+                        a,
+                        &spec,
+                        &dead,
+                        now_ms,
+                        run.as_ref(),
+                    ))
+                }
+                // Decide again under the write lock, and write.
+                Phase::Locked { now: now_ms } => {
+                    now(sql::claim_locked(a, &spec, &dead, now_ms)).map(Some)
+                }
+            })
+            .await
+    }
+
+    async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()> {
+        let (spec, dead) = (spec.clone(), dead.clone());
+        self.writer
+            .run(move |a, phase| match phase {
+                Phase::Read => {
+                    let run = a.read_run(&spec.job, spec.slot_ms)?;
+                    Ok((decide_release(run.as_ref(), &spec.token, &dead)?
+                        == ReleaseDecision::AlreadyReleased)
+                        .then_some(()))
+                }
+                Phase::Locked { now: now_ms } => {
+                    now(sql::release_locked(a, &spec, &dead, now_ms)).map(Some)
+                }
+            })
+            .await
+    }
+
+    async fn history(
+        &self,
+        job: &Job,
+        limit: u32,
+        before_slot_ms: Option<i64>,
+    ) -> Result<HistoryPage> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE job = ? AND slot_ms < ? ORDER BY slot_ms DESC LIMIT ?"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(job.as_str())
+            .bind(before_slot_ms.unwrap_or(i64::MAX))
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(convert)?;
+        Ok(HistoryPage {
+            runs: rows.iter().map(run_from_row).collect::<Result<_>>()?,
+            complete: true,
+            note: None,
+        })
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(convert)?;
+        Ok(())
+    }
+
+    fn leases(&self) -> Option<&dyn Leases> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Leases for SqliteStore {
+    async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
+        let (spec, dead) = (spec.clone(), dead.clone());
+        self.writer
+            .run(move |a, phase| match phase {
+                // Refuse without the write lock when a plain read says so.
+                Phase::Read => {
+                    let run = a.read_run(&spec.job, spec.slot_ms)?;
+                    decide_renew(run.as_ref(), &spec.token, &dead)?;
+                    Ok(None)
+                }
+                Phase::Locked { now: now_ms } => {
+                    now(sql::renew_locked(a, &spec, &dead, now_ms)).map(Some)
+                }
+            })
+            .await
+    }
+
+    async fn end_lease(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Result<bool> {
+        let (job, token) = (job.clone(), token.clone());
+        self.writer
+            .run(move |a, phase| match phase {
+                Phase::Read => Ok(None),
+                Phase::Locked { now } => {
+                    let n = a.execute(
+                        "UPDATE runs SET lease_until_ms = ?1 WHERE job = ?2 AND slot_ms = ?3 AND token = ?4 AND state = 'RUNNING' AND lease_until_ms > ?1",
+                        params![now, job.as_str(), slot_ms, token.as_str()],
+                    )?;
+                    Ok(Some(n > 0))
+                }
+            })
+            .await
+    }
+
+    async fn end_leases_of(&self, holder: &Holder) -> Result<u64> {
+        let holder = holder.clone();
+        self.writer
+            .run(move |a, phase| match phase {
+                Phase::Read => Ok(None),
+                Phase::Locked { now } => a
+                    .execute(
+                        "UPDATE runs SET lease_until_ms = ?1 WHERE holder_node = ?2 AND holder_instance = ?3 AND state = 'RUNNING' AND lease_until_ms > ?1",
+                        params![now, holder.node, holder.instance as i64],
+                    )
+                    .map(Some),
+            })
+            .await
+    }
+
+    async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64> {
+        self.writer
+            .run(move |a, phase| match phase {
+                Phase::Read => Ok(None),
+                Phase::Locked { .. } => {
+                    let n = a.execute(
+                        "DELETE FROM runs WHERE (job, slot_ms) IN (
+                           SELECT job, slot_ms FROM runs
+                           WHERE claimed_at_ms < ?1 AND (state <> 'RUNNING' OR lease_until_ms < ?1)
+                           LIMIT ?2)",
+                        params![cutoff_ms, batch as i64],
+                    )?;
+                    // Liveness records of instances gone for longer than the retention.
+                    a.execute(
+                        "DELETE FROM liveness WHERE (node, instance) IN (
+                           SELECT node, instance FROM liveness WHERE updated_at_ms < ?1 LIMIT ?2)",
+                        params![cutoff_ms, batch as i64],
+                    )?;
+                    Ok(Some(n))
+                }
+            })
+            .await
+    }
+
+    fn keeps_liveness(&self) -> bool {
+        true
+    }
+
+    async fn beat(&self, holder: &Holder) -> Result<u64> {
+        let holder = holder.clone();
+        self.writer
+            .run(move |a, phase| match phase {
+                Phase::Read => Ok(None),
+                Phase::Locked { now } => {
+                    let counter = a.scalar(
+                        "INSERT INTO liveness (node, instance, counter, updated_at_ms) VALUES (?1, ?2, 1, ?3)
+                         ON CONFLICT (node, instance) DO UPDATE
+                           SET counter = counter + 1, updated_at_ms = excluded.updated_at_ms
+                         RETURNING counter",
+                        params![holder.node, holder.instance as i64, now],
+                    )?;
+                    Ok(Some(counter as u64))
+                }
+            })
+            .await
+    }
+
+    async fn beats_of(&self, holders: &[Holder]) -> Result<Vec<u64>> {
+        let holders = holders.to_vec();
+        self.writer
+            .run(move |a, phase| match phase {
+                Phase::Read => a.read_liveness(&holders).map(Some),
+                Phase::Locked { .. } => Ok(None),
+            })
+            .await
+    }
+}

@@ -1,0 +1,412 @@
+//! The SQLite writer: one thread, one connection, group commit.
+//!
+//! Every operation that may write (claim, renew, release, ending leases,
+//! liveness beats, pruning) is sent to one dedicated thread that owns a
+//! `rusqlite` connection. The thread takes the first operation waiting, plus
+//! whatever else is already queued (up to [`MAX_BATCH`]; it never waits for a
+//! batch to fill, so one client pays no batching delay), and then:
+//!
+//! 1. answers what a plain read settles (most losing claims, resends, refused
+//!    renews) without the write lock;
+//! 2. opens **one** `BEGIN IMMEDIATE` for the rest and runs each of them in
+//!    turn, under SQLite's database write lock, with the same flow as a lone
+//!    operation ([`sql::claim_locked`], [`sql::renew_locked`],
+//!    [`sql::release_locked`]): read again, decide, write;
+//! 3. commits once, and only then replies.
+//!
+//! Each operation of a batch of several runs inside its own `SAVEPOINT`: one
+//! that fails is rolled back to it and answered with its own error, and the
+//! others go on. A failed `COMMIT` answers every operation of the batch
+//! `UNAVAILABLE`, so an error is never hidden behind a `WON` that did not
+//! reach the file. Operations of one batch are decided one after another, as
+//! they would be one transaction each, so the batch changes only how many
+//! commits (and WAL appends) the file sees.
+//!
+//! Why `rusqlite` on a thread rather than sqlx's connection: sqlx runs each
+//! SQLite statement on a worker thread behind a channel, so a claim (three to
+//! five statements) crosses threads that often; here a whole batch runs on one
+//! thread with cached prepared statements. docs/BENCHMARKS.md has the figures.
+//!
+//! The decision flow in [`sql`] is written against the async [`RunAccess`];
+//! this thread's implementation never awaits, so each flow completes on its
+//! first poll ([`now`]).
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use tokio::sync::{mpsc, oneshot};
+
+use super::super::sql::{self, RunAccess, RUN_COLUMNS};
+use crate::claim::*;
+use crate::error::{Error, Result};
+
+/// The most operations one transaction gathers.
+pub(super) const MAX_BATCH: usize = 64;
+/// Operations waiting for the thread, at most (senders wait beyond it).
+const QUEUE: usize = 4096;
+
+/// Where an operation is in its batch.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Phase {
+    /// Before the transaction, on a plain read: answer `Ok(Some)` when the
+    /// read settles it, `Ok(None)` when it needs the write lock.
+    Read,
+    /// Under the write lock; `now` is the host clock read after it was taken.
+    Locked { now: i64 },
+}
+
+/// The handle the store holds; dropping it stops the thread.
+pub(super) struct Writer {
+    ops: mpsc::Sender<Box<dyn Step>>,
+}
+
+impl Writer {
+    /// Opens the writer's connection on `path` (the migrations have run) and
+    /// starts its thread.
+    pub(super) fn start(path: &str, busy_timeout: Duration) -> Result<Writer> {
+        let conn = open(path, busy_timeout).map_err(convert)?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        std::thread::Builder::new()
+            .name("anarchon-sqlite-writer".into())
+            .spawn(move || serve(conn, rx))
+            .map_err(|e| Error::Store(format!("cannot start the sqlite writer: {e}")))?;
+        Ok(Writer { ops: tx })
+    }
+
+    /// Runs `op` on the writer thread: first in [`Phase::Read`], then, if
+    /// that did not settle it, in [`Phase::Locked`] inside a batch.
+    pub(super) async fn run<T, F>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut Access<'_>, Phase) -> Result<Option<T>> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let step = Op {
+            op,
+            out: None,
+            reply: Some(reply),
+        };
+        let stopped = || Error::Unavailable("sqlite: the writer thread has stopped".into());
+        self.ops.send(Box::new(step)).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+fn open(path: &str, busy_timeout: Duration) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(busy_timeout)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // A larger page cache and a memory map keep an aged file (a million
+    // finished runs) as fast as a fresh one: the index pages stay in memory.
+    conn.pragma_update(None, "cache_size", -65_536)?; // KiB: 64 MiB
+    conn.pragma_update(None, "mmap_size", 268_435_456)?; // 256 MiB
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(conn)
+}
+
+/// One queued operation, as the thread sees it.
+trait Step: Send {
+    /// Before the transaction: `true` when a plain read answered it (the
+    /// reply is sent).
+    fn read(&mut self, a: &mut Access<'_>) -> bool;
+    /// Under the lock: runs it and keeps its outcome; `false` on an error
+    /// (roll its writes back).
+    fn locked(&mut self, a: &mut Access<'_>, now: i64) -> bool;
+    /// After the commit: sends the kept outcome, or the commit's failure.
+    fn reply(self: Box<Self>, commit: std::result::Result<(), &str>);
+}
+
+struct Op<T, F> {
+    op: F,
+    out: Option<Result<T>>,
+    reply: Option<oneshot::Sender<Result<T>>>,
+}
+
+impl<T, F> Step for Op<T, F>
+where
+    T: Send,
+    F: FnMut(&mut Access<'_>, Phase) -> Result<Option<T>> + Send,
+{
+    fn read(&mut self, a: &mut Access<'_>) -> bool {
+        let settled = match (self.op)(a, Phase::Read) {
+            Ok(None) => return false,
+            Ok(Some(v)) => Ok(v),
+            Err(e) => Err(e),
+        };
+        if let Some(reply) = self.reply.take() {
+            // The caller may have gone (a cancelled RPC); nothing to do then.
+            let _ = reply.send(settled);
+        }
+        true
+    }
+
+    fn locked(&mut self, a: &mut Access<'_>, now: i64) -> bool {
+        let out = match (self.op)(a, Phase::Locked { now }) {
+            Ok(Some(v)) => Ok(v),
+            Ok(None) => Err(Error::Store(
+                "sqlite: an operation gave no answer under the lock".into(),
+            )),
+            Err(e) => Err(e),
+        };
+        let ok = out.is_ok();
+        self.out = Some(out);
+        ok
+    }
+
+    fn reply(mut self: Box<Self>, commit: std::result::Result<(), &str>) {
+        let out = match (commit, self.out.take()) {
+            (_, Some(Err(e))) => Err(e),
+            (Err(why), _) => Err(Error::Unavailable(format!("sqlite: {why}"))),
+            (Ok(()), Some(v)) => v,
+            (Ok(()), None) => Err(Error::Store("sqlite: an operation was not run".into())),
+        };
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(out);
+        }
+    }
+}
+
+/// The thread: take what is queued, settle the reads, commit the rest as one
+/// transaction.
+fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Step>>) {
+    let mut batch: Vec<Box<dyn Step>> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        let mut a = Access { conn: &mut conn };
+        batch.retain_mut(|op| !op.read(&mut a));
+        if !batch.is_empty() {
+            commit_batch(&mut conn, &mut batch);
+        }
+        batch.clear();
+    }
+}
+
+fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>) {
+    let mut a = Access { conn };
+    let end = match a.exec("BEGIN IMMEDIATE") {
+        Err(e) => Err(convert(e).to_string()),
+        Ok(()) => {
+            let broken = run_locked(&mut a, batch);
+            match broken {
+                Some(why) => {
+                    let _ = a.exec("ROLLBACK");
+                    Err(why)
+                }
+                None => a.exec("COMMIT").map_err(|e| {
+                    let _ = a.exec("ROLLBACK");
+                    format!("commit failed: {e}")
+                }),
+            }
+        }
+    };
+    let end = end.as_ref().map(|_| ()).map_err(String::as_str);
+    for op in batch.drain(..) {
+        op.reply(end);
+    }
+}
+
+/// Runs the batch under the lock, each operation of several in its own
+/// savepoint. Returns why the whole transaction must be rolled back, if it
+/// must: a lone operation failed, or a savepoint could not be kept.
+fn run_locked(a: &mut Access<'_>, batch: &mut [Box<dyn Step>]) -> Option<String> {
+    if let [lone] = batch {
+        // A lone operation needs no savepoint: its error rolls the whole
+        // transaction back (and it is answered with that error).
+        return (!lone.locked(a, host_now_ms())).then(|| "the operation failed".to_string());
+    }
+    for op in batch.iter_mut() {
+        let savepoint = a.exec("SAVEPOINT op").and_then(|()| {
+            if op.locked(a, host_now_ms()) {
+                a.exec("RELEASE op")
+            } else {
+                a.exec("ROLLBACK TO op").and_then(|()| a.exec("RELEASE op"))
+            }
+        });
+        if let Err(e) = savepoint {
+            return Some(format!(
+                "a savepoint failed, the batch was rolled back: {e}"
+            ));
+        }
+    }
+    None
+}
+
+/// Translates rusqlite errors: a busy or locked database is `UNAVAILABLE`
+/// (retry), anything else a store error. Never a win.
+fn convert(e: rusqlite::Error) -> Error {
+    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+    match e.sqlite_error_code() {
+        Some(DatabaseBusy) | Some(DatabaseLocked) => {
+            Error::Unavailable(format!("sqlite is busy: {e}"))
+        }
+        _ => Error::Store(format!("sqlite: {e}")),
+    }
+}
+
+/// Completes a [`RunAccess`] flow that never awaits (this thread's access).
+pub(super) fn now<T>(flow: impl Future<Output = Result<T>>) -> Result<T> {
+    flow.now_or_never().unwrap_or_else(|| {
+        Err(Error::Store(
+            "sqlite: a store flow waited on the writer thread".into(),
+        ))
+    })
+}
+
+/// The writer's connection, as the decision flows see it.
+pub(super) struct Access<'c> {
+    conn: &'c mut Connection,
+}
+
+const READ_RUN: &str = "SELECT slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms FROM runs WHERE job = ?1 AND slot_ms = ?2";
+
+impl Access<'_> {
+    fn exec(&mut self, sql: &str) -> rusqlite::Result<()> {
+        self.conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    }
+
+    /// Runs a statement with parameters; returns the rows it changed.
+    pub(super) fn execute(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<u64> {
+        let n = self
+            .conn
+            .prepare_cached(sql)
+            .and_then(|mut s| s.execute(p))
+            .map_err(convert)?;
+        Ok(n as u64)
+    }
+
+    /// The run (job, slot), if any.
+    pub(super) fn read_run(&mut self, job: &Job, slot: SlotMs) -> Result<Option<RunRow>> {
+        debug_assert!(READ_RUN.contains(RUN_COLUMNS));
+        let mut stmt = self.conn.prepare_cached(READ_RUN).map_err(convert)?;
+        let row = stmt
+            .query_row(params![job.as_str(), slot], |row| Ok(run_of(row)))
+            .optional()
+            .map_err(convert)?;
+        row.transpose()
+    }
+
+    /// The liveness counters of `holders` (0 without a record).
+    pub(super) fn read_liveness(&mut self, holders: &[Holder]) -> Result<Vec<u64>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT counter FROM liveness WHERE node = ?1 AND instance = ?2")
+            .map_err(convert)?;
+        holders
+            .iter()
+            .map(|h| {
+                let c: Option<i64> = stmt
+                    .query_row(params![h.node, h.instance as i64], |r| r.get(0))
+                    .optional()
+                    .map_err(convert)?;
+                Ok(c.unwrap_or(0) as u64)
+            })
+            .collect()
+    }
+
+    /// Runs a statement that returns one integer.
+    pub(super) fn scalar(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<i64> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut s| s.query_row(p, |r| r.get(0)))
+            .map_err(convert)
+    }
+}
+
+fn run_of(row: &rusqlite::Row<'_>) -> Result<RunRow> {
+    let bad = |e: rusqlite::Error| Error::Store(format!("malformed run row: {e}"));
+    sql::run_from_columns(
+        |c| row.get::<_, i64>(c).map_err(bad),
+        |c| row.get::<_, String>(c).map_err(bad),
+    )
+}
+
+static UPSERT_RUN: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| sql::upsert_run_sql("runs"));
+/// `$1` the clock, `$2` the lease asked for (0 = the run's own), `$3` job, `$4` slot.
+static RENEW: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE runs SET lease_until_ms = $1 + {} WHERE job = $3 AND slot_ms = $4 RETURNING lease_until_ms",
+        sql::renew_lease("$2", "max")
+    )
+});
+
+#[async_trait]
+impl RunAccess for Access<'_> {
+    type Err = Error;
+
+    async fn run(&mut self, job: &Job, slot: SlotMs) -> Result<Option<RunRow>> {
+        self.read_run(job, slot)
+    }
+
+    async fn others(&mut self, job: &Job, slot: SlotMs, now: i64) -> Result<Vec<RunRow>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE job = ?1 AND state = 'RUNNING' AND slot_ms <> ?2 AND lease_until_ms > ?3"
+            ))
+            .map_err(convert)?;
+        let rows = stmt
+            .query_map(params![job.as_str(), slot, now], |row| Ok(run_of(row)))
+            .map_err(convert)?;
+        rows.map(|r| r.map_err(convert)?).collect()
+    }
+
+    async fn next_fence(&mut self, job: &Job) -> Result<u64> {
+        let fence = self.scalar(
+            "INSERT INTO jobs (job, fence) VALUES (?1, 1)
+             ON CONFLICT (job) DO UPDATE SET fence = fence + 1 RETURNING fence",
+            params![job.as_str()],
+        )?;
+        Ok(fence as u64)
+    }
+
+    async fn write(&mut self, job: &Job, r: &RunRow) -> Result<()> {
+        self.execute(
+            &UPSERT_RUN,
+            params![
+                job.as_str(),
+                r.slot_ms,
+                r.state.as_str(),
+                r.attempt as i64,
+                r.fencing as i64,
+                r.token.as_str(),
+                r.holder.node.as_str(),
+                r.holder.instance as i64,
+                r.lease_until_ms,
+                r.claimed_at_ms,
+                r.finished_at_ms,
+            ],
+        )?;
+        Ok(())
+    }
+
+    async fn extend(&mut self, job: &Job, slot: SlotMs, now: i64, lease_ms: i64) -> Result<i64> {
+        self.scalar(&RENEW, params![now, lease_ms, job.as_str(), slot])
+    }
+
+    async fn finish(&mut self, job: &Job, slot: SlotMs, state: RunState, now: i64) -> Result<()> {
+        self.execute(
+            "UPDATE runs SET state = ?1, finished_at_ms = ?2 WHERE job = ?3 AND slot_ms = ?4",
+            params![state.as_str(), now, job.as_str(), slot],
+        )?;
+        Ok(())
+    }
+
+    async fn liveness(&mut self, holders: &[Holder]) -> Result<Vec<u64>> {
+        self.read_liveness(holders)
+    }
+}
