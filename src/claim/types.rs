@@ -313,7 +313,7 @@ pub struct HistoryPage {
 /// step treats such a holder as dead only if the counter still has that
 /// value ([`DeadHolders::confirmed`]); a holder that refreshed its record
 /// since is alive, whatever the mesh says.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadHolders {
     dead: HashSet<Holder>,
     /// Expired holders and the liveness counter they must still have.

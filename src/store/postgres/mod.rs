@@ -13,9 +13,10 @@
 //! answers finished runs, live leases, resends, late slots and overlaps;
 //! only a missing run or a lapsed lease takes the lock and decides again.
 //!
-//! Two paths run these steps ([`PgClaim`]): by default one call of the
-//! `<prefix>_claim` PL/pgSQL function (one round trip, see
-//! `migrations/postgres/0002_claim_function.sql`), or the transaction
+//! Two paths run these steps ([`PgClaim`]): by default the `<prefix>_claim`
+//! PL/pgSQL function (see `migrations/postgres/0005_run_lease.sql`), called
+//! for every claim of a batch gathered from concurrent requests in one round
+//! trip and one transaction (group commit, [`batch`]), or the transaction
 //! driven from here with the shared [`super::sql::claim_locked`]. The
 //! conformance suite runs against both, and `tests/postgres.rs` checks both
 //! against `claim::decide` on random states.
@@ -28,6 +29,7 @@
 
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -42,6 +44,7 @@ use super::{Backend, Leases, Store, StoreInfo, StoreOptions};
 use crate::claim::*;
 use crate::error::{Error, Result};
 
+mod batch;
 mod pool;
 
 /// The table prefix when the URL names none.
@@ -84,6 +87,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "run_lease",
         include_str!("../../../migrations/postgres/0005_run_lease.sql"),
     ),
+    (
+        6,
+        "claim_batch",
+        include_str!("../../../migrations/postgres/0006_claim_batch.sql"),
+    ),
 ];
 
 /// Where and how a PostgreSQL store runs, from its backend URL.
@@ -104,7 +112,9 @@ pub struct PgTarget {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PgClaim {
     /// `claim=function` (default): one round trip, a call of the
-    /// `<prefix>_claim` PL/pgSQL function the migrations create.
+    /// `<prefix>_claim` PL/pgSQL function the migrations create, for each
+    /// claim of a batch gathered from concurrent requests (group commit,
+    /// `<prefix>_claim_batch`, see [`batch`]).
     Function,
     /// `claim=transaction`: a plain read, then the transaction driven from
     /// Rust with the shared `claim::decide` (up to six round trips).
@@ -229,23 +239,7 @@ impl From<sqlx::Error> for Fail {
     fn from(e: sqlx::Error) -> Fail {
         match &e {
             sqlx::Error::Database(db) => {
-                let code = db.code().unwrap_or_default();
-                match &*code {
-                    "40001" | "40P01" => Fail::Conflict(format!("postgres: {db}")),
-                    // connection exceptions, insufficient resources (too many
-                    // connections), operator intervention (shutdown,
-                    // terminated backend, cancelled statement), a read-only
-                    // standby after a failover, a lock timeout.
-                    c if c.starts_with("08")
-                        || c.starts_with("53")
-                        || c.starts_with("57")
-                        || c == "25006"
-                        || c == "55P03" =>
-                    {
-                        Fail::Final(Error::Unavailable(format!("postgres: {db}")))
-                    }
-                    _ => Fail::Final(Error::Store(format!("postgres: {db}"))),
-                }
+                classify(&db.code().unwrap_or_default(), format!("postgres: {db}"))
             }
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
@@ -256,6 +250,26 @@ impl From<sqlx::Error> for Fail {
             }
             _ => Fail::Final(Error::Store(format!("postgres: {e}"))),
         }
+    }
+}
+
+/// A database error by its SQLSTATE: a conflict is retried; connection
+/// exceptions, insufficient resources (too many connections), operator
+/// intervention (shutdown, terminated backend, cancelled statement), a
+/// read-only standby after a failover and a lock timeout are
+/// `UNAVAILABLE`; anything else a store error.
+fn classify(code: &str, message: String) -> Fail {
+    match code {
+        "40001" | "40P01" => Fail::Conflict(message),
+        c if c.starts_with("08")
+            || c.starts_with("53")
+            || c.starts_with("57")
+            || c == "25006"
+            || c == "55P03" =>
+        {
+            Fail::Final(Error::Unavailable(message))
+        }
+        _ => Fail::Final(Error::Store(message)),
     }
 }
 
@@ -291,9 +305,10 @@ where
 
 /// The statements, spelled once for the configured prefix.
 struct Statements {
-    /// The whole claim, one call of `<prefix>_claim` (see
-    /// `migrations/postgres/0002_claim_function.sql`).
-    claim_fn: String,
+    /// Claims, one call of `<prefix>_claim_batch` (see
+    /// `migrations/postgres/0006_claim_batch.sql`): per claim, its index in
+    /// the arrays (from 1), its error or its decision and run.
+    claim_batch: Arc<str>,
     /// The database's clock and the run, without a lock.
     peek: String,
     /// The claim's first statement: upsert the job row (taking its lock),
@@ -345,15 +360,16 @@ impl Statements {
                 "DELETE FROM {liveness} WHERE (node, instance) IN (
                    SELECT node, instance FROM {liveness} WHERE updated_at_ms < $1 LIMIT $2)"
             ),
-            claim_fn: format!(
-                "SELECT o_decision AS decision, o_now_ms AS now_ms,
+            claim_batch: format!(
+                "SELECT o_index AS idx, o_error AS error, o_decision AS decision, o_now_ms AS now_ms,
                    o_overlap_node AS overlap_node, o_overlap_instance AS overlap_instance,
                    o_slot_ms AS slot_ms, o_state AS state, o_attempt AS attempt,
                    o_fencing AS fencing, o_token AS token, o_holder_node AS holder_node,
                    o_holder_instance AS holder_instance, o_lease_until_ms AS lease_until_ms,
                    o_claimed_at_ms AS claimed_at_ms, o_finished_at_ms AS finished_at_ms
-                 FROM {p}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
-            ),
+                 FROM {p}_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            )
+            .into(),
             peek: format!(
                 "SELECT {NOW_MS} AS now_ms, {RUN_COLUMNS}
                  FROM (VALUES (1)) AS one LEFT JOIN {runs} ON job = $1 AND slot_ms = $2"
@@ -417,7 +433,9 @@ impl Statements {
 }
 
 pub struct PostgresStore {
-    pool: Pool,
+    pool: Arc<Pool>,
+    /// Gathers concurrent claims into one call (group commit).
+    batcher: batch::Batcher,
     claim: PgClaim,
     sql: Statements,
     info: StoreInfo,
@@ -431,7 +449,7 @@ impl PostgresStore {
         check_table(table)?;
         let connect = PgConnectOptions::from_str(&target.url)
             .map_err(|e| Error::invalid("backend", format!("postgres URL: {e}")))?;
-        let pool = Pool::new(connect, target.max_connections, ACQUIRE_TIMEOUT);
+        let pool = Arc::new(Pool::new(connect, target.max_connections, ACQUIRE_TIMEOUT));
         let id = {
             // Reachable at start, or the sidecar does not start.
             let mut conn = pool.acquire().await.map_err(Fail::into_error)?;
@@ -454,10 +472,12 @@ impl PostgresStore {
             conn.done();
             id
         };
+        let sql = Statements::new(table);
         Ok(PostgresStore {
+            batcher: batch::Batcher::start(pool.clone(), sql.claim_batch.clone()),
             pool,
             claim: target.claim,
-            sql: Statements::new(table),
+            sql,
             info: StoreInfo {
                 backend: "postgres",
                 leases: true,
@@ -539,6 +559,35 @@ fn optional_run(row: &PgRow) -> Attempt<Option<RunRow>> {
         return Ok(None);
     }
     Ok(Some(run_from_row(row)?))
+}
+
+/// A claim's answer from a row of `<prefix>_claim` (or of one element of
+/// `<prefix>_claim_batch`), under the column names of
+/// [`Statements::claim_batch`].
+fn answer_of(row: &PgRow, spec: &ClaimSpec) -> Attempt<ClaimAnswer> {
+    let now: i64 = row.try_get("now_ms")?;
+    let decision: String = row.try_get("decision")?;
+    let d = match decision.as_str() {
+        "late" => Decision::Late,
+        "overlap" => Decision::Overlap(Holder {
+            node: row.try_get("overlap_node")?,
+            instance: row.try_get::<i64, _>("overlap_instance")? as u64,
+        }),
+        "insert" => Decision::Insert,
+        "resend" => Decision::Resend,
+        "running" => Decision::Running,
+        "takeover" => Decision::Takeover,
+        "exhausted" => Decision::Exhausted,
+        "done" => Decision::Done,
+        "relock" => Decision::Relock,
+        other => {
+            return Err(Error::Store(format!("unknown claim decision {other:?}")).into());
+        }
+    };
+    // The run as written when the decision wrote, else as read: what
+    // `Decision::answer` reads from either.
+    let run = optional_run(row)?;
+    Ok(d.answer(spec, run.as_ref(), run.as_ref(), now))
 }
 
 /// The runs, through one connection of this store (inside the job's lock
@@ -715,58 +764,6 @@ impl PostgresStore {
             .await?)
     }
 
-    /// The claim in one round trip: `<prefix>_claim` takes the same steps
-    /// as [`Self::claim_transaction`], inside the database.
-    async fn claim_function(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Attempt<ClaimAnswer> {
-        let (dead_nodes, dead_instances): (Vec<&str>, Vec<i64>) = dead
-            .dead()
-            .map(|h| (h.node.as_str(), h.instance as i64))
-            .unzip();
-        let (current_nodes, current_instances): (Vec<&str>, Vec<i64>) =
-            dead.current().map(|(n, &i)| (n.as_str(), i as i64)).unzip();
-        let mut conn = self.pool.acquire().await?;
-        let row = sqlx::query(&self.sql.claim_fn)
-            .bind(spec.job.as_str())
-            .bind(spec.slot_ms)
-            .bind(spec.token.as_str())
-            .bind(spec.holder.node.as_str())
-            .bind(spec.holder.instance as i64)
-            .bind(spec.lease_ms)
-            .bind(spec.max_late_ms)
-            .bind(spec.overlap == Overlap::Skip)
-            .bind(spec.max_attempts as i64)
-            .bind(dead_nodes)
-            .bind(dead_instances)
-            .bind(current_nodes)
-            .bind(current_instances)
-            .fetch_one(&mut *conn)
-            .await?;
-        conn.done();
-        let now: i64 = row.try_get("now_ms")?;
-        let decision: String = row.try_get("decision")?;
-        let d = match decision.as_str() {
-            "late" => Decision::Late,
-            "overlap" => Decision::Overlap(Holder {
-                node: row.try_get("overlap_node")?,
-                instance: row.try_get::<i64, _>("overlap_instance")? as u64,
-            }),
-            "insert" => Decision::Insert,
-            "resend" => Decision::Resend,
-            "running" => Decision::Running,
-            "takeover" => Decision::Takeover,
-            "exhausted" => Decision::Exhausted,
-            "done" => Decision::Done,
-            "relock" => Decision::Relock,
-            other => {
-                return Err(Error::Store(format!("unknown claim decision {other:?}")).into());
-            }
-        };
-        // The run as written when the decision wrote, else as read: what
-        // `Decision::answer` reads from either.
-        let run = optional_run(&row)?;
-        Ok(d.answer(spec, run.as_ref(), run.as_ref(), now))
-    }
-
     async fn claim_transaction(
         &self,
         spec: &ClaimSpec,
@@ -884,7 +881,7 @@ impl Store for PostgresStore {
             // The function cannot re-check liveness records: a claim that
             // would take over an expired holder runs as a transaction.
             PgClaim::Function if !dead.has_conditional() => {
-                self.retrying(|| self.claim_function(spec, dead)).await
+                self.retrying(|| self.batcher.claim(spec, dead)).await
             }
             PgClaim::Function => self.retrying(|| self.claim_transaction(spec, dead)).await,
             PgClaim::Transaction => self.retrying(|| self.claim_transaction(spec, dead)).await,

@@ -1,0 +1,215 @@
+//! Group commit for PostgreSQL claims.
+//!
+//! Claims that arrive while earlier ones are in flight are gathered into one
+//! call of `<prefix>_claim_batch` (`migrations/postgres/0006_claim_batch.sql`):
+//! one round trip, one transaction, one WAL flush for the whole batch, each
+//! claim still decided on its own by `<prefix>_claim` under its job's lock, in
+//! its own subtransaction, so one that fails is answered with its own error
+//! and the others go on.
+//!
+//! A batch is gathered only from what is already queued when a connection
+//! slot is free ([`IN_FLIGHT`] batches at once): a lone client never waits
+//! for a batch to fill. Claims of one batch share their dead-holder set (one
+//! sidecar's view at that moment); claims whose sets differ go in separate
+//! calls. A batch is sorted by job so that concurrent batches take job locks
+//! in one order and cannot deadlock.
+
+use std::sync::Arc;
+
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+use super::pool::Pool;
+use super::{answer_of, classify, Attempt, Fail};
+use crate::claim::*;
+use crate::error::Error;
+
+/// The most claims one call carries (each is a subtransaction; PostgreSQL
+/// keeps up to 64 per transaction in shared memory before it slows down).
+pub(super) const MAX_BATCH: usize = 32;
+/// Batches in flight at once, each on its own connection.
+const IN_FLIGHT: usize = 4;
+/// Claims waiting for a batch, at most (senders wait beyond it).
+const QUEUE: usize = 4096;
+
+struct Pending {
+    spec: ClaimSpec,
+    dead: DeadHolders,
+    reply: oneshot::Sender<Attempt<ClaimAnswer>>,
+}
+
+/// The handle the store holds; dropping it ends the gathering task once the
+/// batches in flight are answered.
+pub(super) struct Batcher {
+    queue: mpsc::Sender<Pending>,
+}
+
+impl Batcher {
+    /// Starts the gathering task; `sql` is the `<prefix>_claim_batch` call.
+    pub(super) fn start(pool: Arc<Pool>, sql: Arc<str>) -> Batcher {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(gather(pool, sql, rx));
+        Batcher { queue: tx }
+    }
+
+    /// One claim, answered when the batch it joined has committed.
+    pub(super) async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Attempt<ClaimAnswer> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || {
+            Fail::Final(Error::Unavailable(
+                "postgres: the claim batcher stopped".into(),
+            ))
+        };
+        self.queue
+            .send(Pending {
+                spec: spec.clone(),
+                dead: dead.clone(),
+                reply,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// Waits for a claim and a free slot, takes what else is queued, and hands
+/// the batch to its own task.
+async fn gather(pool: Arc<Pool>, sql: Arc<str>, mut queue: mpsc::Receiver<Pending>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = queue.recv().await {
+        // Claims that arrive while every slot is busy join this batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        tokio::spawn(flush(pool.clone(), sql.clone(), batch, slot));
+    }
+}
+
+/// Runs a gathered batch: one call per holder and dead-holder set (in a
+/// sidecar, one), then answers. A call whose callers have all gone (their
+/// RPCs were cancelled) is dropped, as a lone claim's statement would be, so
+/// that a claim stuck on a job lock keeps no connection once nobody waits.
+async fn flush(
+    pool: Arc<Pool>,
+    sql: Arc<str>,
+    mut batch: Vec<Pending>,
+    _slot: OwnedSemaphorePermit,
+) {
+    while !batch.is_empty() {
+        let (dead, holder) = (batch[0].dead.clone(), batch[0].spec.holder.clone());
+        let (mut same, rest): (Vec<Pending>, Vec<Pending>) = batch
+            .into_iter()
+            .partition(|p| p.dead == dead && p.spec.holder == holder);
+        batch = rest;
+        same.sort_by(|a, b| (&a.spec.job, a.spec.slot_ms).cmp(&(&b.spec.job, b.spec.slot_ms)));
+        let (specs, mut replies): (Vec<ClaimSpec>, Vec<_>) =
+            same.into_iter().map(|p| (p.spec, p.reply)).unzip();
+        let gone = futures::future::join_all(replies.iter_mut().map(|r| r.closed()));
+        let mut answers = tokio::select! {
+            answers = call(&pool, &sql, &specs, &dead) => answers,
+            _ = gone => continue,
+        };
+        for (i, reply) in replies.into_iter().enumerate() {
+            let out = match &mut answers {
+                Ok(rows) => rows
+                    .get_mut(i)
+                    .and_then(Option::take)
+                    .unwrap_or_else(|| Err(missing())),
+                Err(f) => Err(f.duplicate()),
+            };
+            // The caller may have gone (a cancelled RPC); nothing to do then.
+            let _ = reply.send(out);
+        }
+    }
+}
+
+fn missing() -> Fail {
+    Fail::Final(Error::Store(
+        "postgres: the claim batch returned no row for a claim".into(),
+    ))
+}
+
+/// One call of `<prefix>_claim_batch`: per claim, its answer or its error.
+async fn call(
+    pool: &Pool,
+    sql: &str,
+    specs: &[ClaimSpec],
+    dead: &DeadHolders,
+) -> Attempt<Vec<Option<Attempt<ClaimAnswer>>>> {
+    let (dead_nodes, dead_instances): (Vec<&str>, Vec<i64>) = dead
+        .dead()
+        .map(|h| (h.node.as_str(), h.instance as i64))
+        .unzip();
+    let (current_nodes, current_instances): (Vec<&str>, Vec<i64>) =
+        dead.current().map(|(n, &i)| (n.as_str(), i as i64)).unzip();
+    // [`flush`] gathered claims of one holder.
+    let holder = &specs[0].holder;
+    let mut conn = pool.acquire().await?;
+    let rows = sqlx::query(sql)
+        .bind(specs.iter().map(|s| s.job.as_str()).collect::<Vec<_>>())
+        .bind(specs.iter().map(|s| s.slot_ms).collect::<Vec<_>>())
+        .bind(specs.iter().map(|s| s.token.as_str()).collect::<Vec<_>>())
+        .bind(holder.node.as_str())
+        .bind(holder.instance as i64)
+        .bind(specs.iter().map(|s| s.lease_ms).collect::<Vec<_>>())
+        .bind(specs.iter().map(|s| s.max_late_ms).collect::<Vec<_>>())
+        .bind(
+            specs
+                .iter()
+                .map(|s| s.overlap == Overlap::Skip)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            specs
+                .iter()
+                .map(|s| s.max_attempts as i64)
+                .collect::<Vec<_>>(),
+        )
+        .bind(dead_nodes)
+        .bind(dead_instances)
+        .bind(current_nodes)
+        .bind(current_instances)
+        .fetch_all(&mut *conn)
+        .await?;
+    conn.done();
+    let mut out: Vec<Option<Attempt<ClaimAnswer>>> = (0..specs.len()).map(|_| None).collect();
+    for row in &rows {
+        let index: i32 = row.try_get("idx")?;
+        let Some(slot) = usize::try_from(index - 1).ok().and_then(|i| out.get_mut(i)) else {
+            return Err(Fail::Final(Error::Store(format!(
+                "postgres: the claim batch answered for element {index} of {}",
+                specs.len()
+            ))));
+        };
+        *slot = Some(element(row, &specs[(index - 1) as usize]));
+    }
+    Ok(out)
+}
+
+/// One element's answer: its error, or its decision.
+fn element(row: &PgRow, spec: &ClaimSpec) -> Attempt<ClaimAnswer> {
+    if let Some(e) = row.try_get::<Option<String>, _>("error")? {
+        let (code, message) = e.split_once(' ').unwrap_or((e.as_str(), ""));
+        return Err(classify(code, format!("postgres: {message} ({code})")));
+    }
+    answer_of(row, spec)
+}
+
+impl Fail {
+    /// The same failure, for each claim of a batch that failed as a whole.
+    fn duplicate(&self) -> Fail {
+        match self {
+            Fail::Conflict(m) => Fail::Conflict(m.clone()),
+            Fail::Final(Error::Unavailable(m)) => Fail::Final(Error::Unavailable(m.clone())),
+            Fail::Final(e) => Fail::Final(Error::Store(e.to_string())),
+        }
+    }
+}
