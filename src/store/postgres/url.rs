@@ -1,0 +1,196 @@
+//! The PostgreSQL backend URL: where the store is and how it runs.
+
+use super::super::Backend;
+use crate::error::{Error, Result};
+
+/// The table prefix when the URL names none.
+pub const DEFAULT_TABLE: &str = "anarchon";
+/// Connections per store when the URL names no `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+/// Where and how a PostgreSQL store runs, from its backend URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTarget {
+    /// What the driver gets: the URL without the parameters below.
+    pub url: String,
+    /// `table`: the prefix of the store's tables.
+    pub table: String,
+    /// `max_connections`: the pool size.
+    pub max_connections: u32,
+    /// `claim`: how a claim runs.
+    pub claim: PgClaim,
+}
+
+/// How a claim runs. Both take the same steps under the same locks and decide
+/// with the same table; the conformance suite runs against both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PgClaim {
+    /// `claim=function` (default): one round trip, a call of the
+    /// `<prefix>_claim` PL/pgSQL function the migrations create, for each
+    /// claim of a batch gathered from concurrent requests (group commit,
+    /// `<prefix>_claim_batch`, see [`batch`]).
+    Function,
+    /// `claim=transaction`: a plain read, then the transaction driven from
+    /// Rust with the shared `claim::decide` (up to six round trips).
+    Transaction,
+}
+
+/// Parses
+/// `postgres://USER@HOST:PORT/DB?table=PREFIX[&max_connections=N][&claim=function|transaction]`.
+/// Every other parameter is left to the driver (`sslmode`, `application_name`,
+/// …). Without an `application_name`, connections are named
+/// `anarchon/<prefix>`, so an operator can find them in `pg_stat_activity`.
+pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
+    // The URL itself is not repeated: it may hold a password.
+    let mut u = url::Url::parse(url)
+        .map_err(|e| Error::invalid("backend", format!("not a valid postgres:// URL: {e}")))?;
+    let mut table = DEFAULT_TABLE.to_owned();
+    let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+    let mut claim = PgClaim::Function;
+    let mut named = false;
+    let mut rest = Vec::new();
+    for (k, v) in u.query_pairs() {
+        match &*k {
+            "table" => table = v.into_owned(),
+            "max_connections" => {
+                max_connections = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "max_connections",
+                            format!("must be a number from 1 to 1000, got {v:?}"),
+                        )
+                    })?
+            }
+            "claim" => {
+                claim = match &*v {
+                    "function" => PgClaim::Function,
+                    "transaction" => PgClaim::Transaction,
+                    other => {
+                        return Err(Error::invalid(
+                            "claim",
+                            format!("must be function or transaction, got {other:?}"),
+                        ))
+                    }
+                }
+            }
+            _ => {
+                named |= k == "application_name";
+                rest.push((k.into_owned(), v.into_owned()));
+            }
+        }
+    }
+    check_table(&table)?;
+    if !named {
+        rest.push(("application_name".into(), format!("anarchon/{table}")));
+    }
+    u.query_pairs_mut().clear().extend_pairs(rest);
+    Ok(Backend::Postgres(PgTarget {
+        url: u.to_string(),
+        table,
+        max_connections,
+        claim,
+    }))
+}
+
+/// The table prefix goes into identifiers, so it is held to
+/// `[a-z_][a-z0-9_]{0,40}`, not ending in `_` (the tables are
+/// `<prefix>_runs`, …: `x_` would make `x__runs`).
+pub(super) fn check_table(table: &str) -> Result<()> {
+    if table.ends_with('_') {
+        return Err(Error::invalid(
+            "table",
+            format!(
+                "{table:?} must not end with _: the tables are named {table}_runs, {table}_jobs, …; \
+                 use {:?}",
+                table.trim_end_matches('_')
+            ),
+        ));
+    }
+    let ok = table.len() <= 41
+        && table
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+        && table
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "table",
+            format!("{table:?} must match [a-z_][a-z0-9_]{{0,40}}"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(url: &str) -> PgTarget {
+        match parse_url(url).unwrap() {
+            Backend::Postgres(t) => t,
+            other => panic!("not postgres: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn urls() {
+        let t = target("postgres://u@h:5433/db?table=t_1&sslmode=disable");
+        assert_eq!(
+            t,
+            PgTarget {
+                url: "postgres://u@h:5433/db?sslmode=disable&application_name=anarchon%2Ft_1"
+                    .into(),
+                table: "t_1".into(),
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                claim: PgClaim::Function,
+            }
+        );
+        let t =
+            target("postgresql://u@h/db?application_name=x&max_connections=3&claim=transaction");
+        assert_eq!(t.url, "postgresql://u@h/db?application_name=x");
+        assert_eq!(t.table, DEFAULT_TABLE);
+        assert_eq!(t.max_connections, 3);
+        assert_eq!(t.claim, PgClaim::Transaction);
+        assert!(matches!(
+            parse_url("postgres://u@h/db?claim=lua"),
+            Err(Error::InvalidArgument { field: "claim", .. })
+        ));
+    }
+
+    #[test]
+    fn table_prefix_is_checked_and_named() {
+        for bad in [
+            "",
+            "1abc",
+            "A",
+            "a-b",
+            "a;drop",
+            &"a".repeat(42),
+            "ü",
+            "x_",
+            "_",
+        ] {
+            let e = parse_url(&format!("postgres://u@h/db?table={bad}")).unwrap_err();
+            assert!(
+                matches!(e, Error::InvalidArgument { field: "table", .. }),
+                "{bad}: {e}"
+            );
+        }
+        for good in ["_a", "a", "anarchon", "t_0f", &"a".repeat(41)] {
+            assert!(parse_url(&format!("postgres://u@h/db?table={good}")).is_ok());
+        }
+        let e = parse_url("postgres://u@h/db?max_connections=0").unwrap_err();
+        assert!(matches!(
+            e,
+            Error::InvalidArgument {
+                field: "max_connections",
+                ..
+            }
+        ));
+    }
+}
