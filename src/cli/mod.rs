@@ -4,6 +4,7 @@
 //! 4 lease lost (`hold`), 64 invalid configuration; `hold` otherwise exits
 //! with its command's status.
 
+#[cfg(feature = "bench")]
 pub mod bench;
 mod client;
 pub mod cron;
@@ -110,6 +111,7 @@ pub enum Command {
     /// Validate the config (as `serve` would) and check the store is reachable.
     Check(Box<serve::ServeArgs>),
     /// Measure claims/s and latency through the sidecar against the raw store step.
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
 }
 
@@ -158,6 +160,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Peers(a) => rt.block_on(client::peers(a)),
         Command::Watch(a) => rt.block_on(client::watch(a)),
         Command::Check(args) => serve::check(&rt, *args),
+        #[cfg(feature = "bench")]
         Command::Bench(a) => rt.block_on(bench::bench(a)),
     }
 }

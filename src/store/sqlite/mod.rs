@@ -319,3 +319,101 @@ impl Leases for SqliteStore {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc as std_mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    async fn store(dir: &tempfile::TempDir) -> SqliteStore {
+        let path = dir.path().join("a.db");
+        SqliteStore::open(path.to_str().unwrap(), &StoreOptions::default())
+            .await
+            .unwrap()
+    }
+
+    fn meta_write(
+        key: &'static str,
+        fail: bool,
+    ) -> impl FnMut(&mut writer::Access<'_>, Phase) -> Result<Option<()>> + Send {
+        move |a, phase| match phase {
+            Phase::Read => Ok(None),
+            Phase::Locked { .. } => {
+                a.execute(
+                    "INSERT INTO meta (key, value) VALUES (?1, 'x')",
+                    params![key],
+                )?;
+                if fail {
+                    return Err(Error::Store("failed after its write".into()));
+                }
+                Ok(Some(()))
+            }
+        }
+    }
+
+    async fn has_key(s: &SqliteStore, key: &str) -> bool {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM meta WHERE key = ?")
+            .bind(key)
+            .fetch_one(&s.pool)
+            .await
+            .unwrap()
+            == 1
+    }
+
+    /// In one batch, an operation that fails after writing is rolled back to
+    /// its savepoint and answered with its own error; the others commit.
+    #[tokio::test]
+    async fn a_failing_operation_does_not_fail_its_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        // The writer thread waits in this plain read until `go`, so that the
+        // three writes below queue up and run as one batch.
+        let (go, wait) = std_mpsc::channel::<()>();
+        let blocker = s.writer.run(move |_, phase| {
+            if let Phase::Read = phase {
+                let _ = wait.recv_timeout(Duration::from_secs(10));
+            }
+            Ok(Some(()))
+        });
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            go.send(()).unwrap();
+        };
+        let commits = s.writer.commits();
+        let (held, ok1, bad, ok2, ()) = tokio::join!(
+            blocker,
+            s.writer.run(meta_write("ok1", false)),
+            s.writer.run(meta_write("bad", true)),
+            s.writer.run(meta_write("ok2", false)),
+            release,
+        );
+        held.unwrap();
+        assert_eq!(
+            s.writer.commits(),
+            commits + 1,
+            "the three writes are one batch"
+        );
+        ok1.unwrap();
+        assert!(matches!(bad, Err(Error::Store(_))), "{bad:?}");
+        ok2.unwrap();
+        assert!(has_key(&s, "ok1").await);
+        assert!(!has_key(&s, "bad").await);
+        assert!(has_key(&s, "ok2").await);
+    }
+
+    /// A lone operation that fails leaves nothing behind either.
+    #[tokio::test]
+    async fn a_lone_failing_operation_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        let commits = s.writer.commits();
+        let bad = s.writer.run(meta_write("bad", true)).await;
+        assert_eq!(s.writer.commits(), commits, "rolled back, not committed");
+        assert!(matches!(bad, Err(Error::Store(_))), "{bad:?}");
+        assert!(!has_key(&s, "bad").await);
+        s.writer.run(meta_write("good", false)).await.unwrap();
+        assert!(has_key(&s, "good").await);
+    }
+}

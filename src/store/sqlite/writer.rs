@@ -32,6 +32,8 @@
 //! first poll ([`now`]).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -61,6 +63,8 @@ pub(super) enum Phase {
 /// The handle the store holds; dropping it stops the thread.
 pub(super) struct Writer {
     ops: mpsc::Sender<Box<dyn Step>>,
+    /// Transactions committed so far (one per batch that wrote).
+    commits: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -69,11 +73,19 @@ impl Writer {
     pub(super) fn start(path: &str, busy_timeout: Duration) -> Result<Writer> {
         let conn = open(path, busy_timeout).map_err(convert)?;
         let (tx, rx) = mpsc::channel(QUEUE);
+        let commits = Arc::new(AtomicU64::new(0));
+        let counted = commits.clone();
         std::thread::Builder::new()
             .name("anarchon-sqlite-writer".into())
-            .spawn(move || serve(conn, rx))
+            .spawn(move || serve(conn, rx, &counted))
             .map_err(|e| Error::Store(format!("cannot start the sqlite writer: {e}")))?;
-        Ok(Writer { ops: tx })
+        Ok(Writer { ops: tx, commits })
+    }
+
+    /// Transactions committed so far.
+    #[cfg(test)]
+    pub(super) fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
     }
 
     /// Runs `op` on the writer thread: first in [`Phase::Read`], then, if
@@ -175,7 +187,7 @@ where
 
 /// The thread: take what is queued, settle the reads, commit the rest as one
 /// transaction.
-fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Step>>) {
+fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Step>>, commits: &AtomicU64) {
     let mut batch: Vec<Box<dyn Step>> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
@@ -187,14 +199,15 @@ fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Step>>) {
         }
         let mut a = Access { conn: &mut conn };
         batch.retain_mut(|op| !op.read(&mut a));
-        if !batch.is_empty() {
-            commit_batch(&mut conn, &mut batch);
+        if !batch.is_empty() && commit_batch(&mut conn, &mut batch) {
+            commits.fetch_add(1, Ordering::Relaxed);
         }
         batch.clear();
     }
 }
 
-fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>) {
+/// Runs the batch in one transaction and answers it; `true` when it committed.
+fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>) -> bool {
     let mut a = Access { conn };
     let end = match a.exec("BEGIN IMMEDIATE") {
         Err(e) => Err(convert(e).to_string()),
@@ -212,10 +225,12 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>) {
             }
         }
     };
+    let committed = end.is_ok();
     let end = end.as_ref().map(|_| ()).map_err(String::as_str);
     for op in batch.drain(..) {
         op.reply(end);
     }
+    committed
 }
 
 /// Runs the batch under the lock, each operation of several in its own
