@@ -17,6 +17,13 @@
 #                       tables take the median of each cell)
 #   BUILD=0             use the binary already built
 #   CARGO_TARGET_DIR    where that binary is (default target)
+#   BIN=PATH            measure this binary instead (implies BUILD=0), e.g.
+#                       the release build of an earlier commit, to put a
+#                       before and an after in one run (APPEND=1)
+#   VARIANT=NAME        a label for BIN's lines ("variant" in the JSON)
+#
+# Each line also has, for the Redis backends, the server's own CPU µs per
+# script call over the run (INFO commandstats: evalsha usec_per_call).
 #
 # Needs the stores on loopback (scripts/services), etcd (Debian:
 # etcd-server) and protoc for the build (Debian: protobuf-compiler).
@@ -27,7 +34,9 @@ read -r -a clients <<<"${CLIENTS:-1 16 64}"
 read -r -a backends <<<"${BACKENDS:-sqlite postgres redis-lease redis-stream-id rabbitmq nats}"
 etcd_with=${ETCD_WITH:-sqlite}
 out=${OUT:-docs/benchmarks/matrix.jsonl}
-bin=${CARGO_TARGET_DIR:-target}/release/anarchon
+bin=${BIN:-${CARGO_TARGET_DIR:-target}/release/anarchon}
+variant=${VARIANT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+[ -n "${BIN:-}" ] && BUILD=0
 
 if [ "${BUILD:-1}" = 1 ]; then
   PROTOC=${PROTOC:-$(command -v protoc || echo /usr/bin/protoc)} \
@@ -44,10 +53,18 @@ for b in "${backends[@]}"; do
   for c in "${clients[@]}"; do
     against=raw
     [ "$b" = "$etcd_with" ] && against=etcd
-    echo "== $b, $c clients, --against $against; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-    "$bin" bench --backend "$(bench_url "$b" "$c")" --clients "$c" --seconds "$seconds" \
-      --against "$against" --json \
-      | jq -c --arg l "$b" --arg at "$(date -u +%FT%TZ)" '. + {"label": $l, "at": $at}' >>"$out"
+    echo "== $variant: $b, $c clients, --against $against; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    case $b in redis-*) redis-cli CONFIG RESETSTAT >/dev/null ;; esac
+    line=$("$bin" bench --backend "$(bench_url "$b" "$c")" --clients "$c" --seconds "$seconds" \
+      --against "$against" --json)
+    lua=null
+    case $b in redis-*)
+      lua=$(redis-cli INFO commandstats | tr -d '\r' |
+        sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
+      lua=${lua:-null} ;;
+    esac
+    jq -c --arg l "$b" --arg v "$variant" --arg at "$(date -u +%FT%TZ)" --argjson lua "$lua" \
+      '. + {"label": $l, "variant": $v, "at": $at, "redis_lua_us_per_call": $lua}' <<<"$line" >>"$out"
   done
 done
 echo "bench-matrix: done; uptime: $(uptime)" >&2

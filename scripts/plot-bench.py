@@ -28,7 +28,10 @@ def load(path):
             line = line.strip()
             if line:
                 r = json.loads(line)
-                runs[(r.get("label") or r["backend"], r["clients"])].append(r)
+                label = r.get("label") or r["backend"]
+                if r.get("variant"):
+                    label = f"{label} ({r['variant']})"
+                runs[(label, r["clients"])].append(r)
     return runs
 
 
@@ -40,6 +43,18 @@ def med(rows, *path):
             v = v.get(k) if isinstance(v, dict) else None
         if isinstance(v, (int, float)):
             vals.append(v)
+    return statistics.median(vals) if vals else None
+
+
+def cpu(rows, proc):
+    """User + system CPU µs per claim of the sidecar ("process") or of etcd
+    ("etcd_process"), median over rows."""
+    vals = []
+    for r in rows:
+        p = (r.get("etcd") or {}).get("process") if proc == "etcd_process" else r.get(proc)
+        c = (p or {}).get("server_cpu_us_per_claim")
+        if isinstance(c, dict):
+            vals.append(c.get("user", 0) + c.get("system", 0))
     return statistics.median(vals) if vals else None
 
 
@@ -93,9 +108,10 @@ def main():
         print(f"#### {b}\n")
         print(
             "| clients | sidecar claims/s | raw claims/s | sidecar ÷ raw | etcd claims/s | sidecar ÷ etcd "
-            "| sidecar p50 / p99 ms | raw p99 ms | etcd p99 ms | p99 overhead ms | RSS idle / load MiB | ready ms | load avg |"
+            "| sidecar p50 / p99 ms | raw p99 ms | etcd p99 ms | p99 overhead ms | RSS idle / load MiB | ready ms "
+            "| sidecar CPU µs/claim | etcd CPU µs/claim | Redis Lua µs/call | load avg |"
         )
-        print("|" + "---|" * 13)
+        print("|" + "---|" * 16)
         for c in cs:
             rows = runs[(b, c)]
             sc = med(rows, "sidecar_claims_per_s")
@@ -107,7 +123,8 @@ def main():
                 f"| {fmt(e)} | {vs} | {fmt(med(rows, 'p50_ms'), 2)} / {fmt(med(rows, 'p99_ms'), 2)} "
                 f"| {fmt(med(rows, 'raw', 'p99_ms'), 2)} | {fmt(ep99, 2)} | {fmt(med(rows, 'overhead_p99_ms'), 2)} "
                 f"| {fmt(med(rows, 'rss_idle_mib'), 1)} / {fmt(med(rows, 'rss_load_mib'), 1)} "
-                f"| {fmt(med(rows, 'ready_ms'))} | {fmt(med(rows, 'loadavg_start'), 1)} |"
+                f"| {fmt(med(rows, 'ready_ms'))} | {fmt(cpu(rows, 'process'))} | {fmt(cpu(rows, 'etcd_process'))} "
+                f"| {fmt(med(rows, 'redis_lua_us_per_call'), 1)} | {fmt(med(rows, 'loadavg_start'), 1)} |"
             )
         print()
     if ecs:

@@ -39,6 +39,8 @@ cargo fmt --all -- --check
 if [ "$quick" = 0 ]; then
   echo "== cargo clippy"
   cargo clippy --all-targets --locked -- -D warnings
+  echo "== cargo check --no-default-features (the sidecar without bench and mimalloc)"
+  cargo check --locked --no-default-features --bins
 fi
 echo "== cargo test"
 cargo test --locked --all-targets -- --test-threads "${TEST_THREADS:-2}"
