@@ -8,7 +8,8 @@
 //! and the others go on.
 //!
 //! A batch is gathered only from what is already queued when a connection
-//! slot is free ([`IN_FLIGHT`] batches at once): a lone client never waits
+//! slot is free (`batches_in_flight` at once, `max_batch` claims each: URL
+//! options): a lone client never waits
 //! for a batch to fill. Claims of one batch share their dead-holder set (one
 //! sidecar's view at that moment); claims whose sets differ go in separate
 //! calls. A batch is sorted by job so that concurrent batches take job locks
@@ -25,11 +26,6 @@ use super::{answer_of, classify, Attempt, Fail};
 use crate::claim::*;
 use crate::error::Error;
 
-/// The most claims one call carries (each is a subtransaction; PostgreSQL
-/// keeps up to 64 per transaction in shared memory before it slows down).
-pub(super) const MAX_BATCH: usize = 32;
-/// Batches in flight at once, each on its own connection.
-const IN_FLIGHT: usize = 4;
 /// Claims waiting for a batch, at most (senders wait beyond it).
 const QUEUE: usize = 4096;
 
@@ -47,9 +43,14 @@ pub(super) struct Batcher {
 
 impl Batcher {
     /// Starts the gathering task; `sql` is the `<prefix>_claim_batch` call.
-    pub(super) fn start(pool: Arc<Pool>, sql: Arc<str>) -> Batcher {
+    pub(super) fn start(
+        pool: Arc<Pool>,
+        sql: Arc<str>,
+        max_batch: usize,
+        in_flight: usize,
+    ) -> Batcher {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(gather(pool, sql, rx));
+        tokio::spawn(gather(pool, sql, rx, max_batch, in_flight));
         Batcher { queue: tx }
     }
 
@@ -75,15 +76,21 @@ impl Batcher {
 
 /// Waits for a claim and a free slot, takes what else is queued, and hands
 /// the batch to its own task.
-async fn gather(pool: Arc<Pool>, sql: Arc<str>, mut queue: mpsc::Receiver<Pending>) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+async fn gather(
+    pool: Arc<Pool>,
+    sql: Arc<str>,
+    mut queue: mpsc::Receiver<Pending>,
+    max_batch: usize,
+    in_flight: usize,
+) {
+    let slots = Arc::new(Semaphore::new(in_flight));
     while let Some(first) = queue.recv().await {
         // Claims that arrive while every slot is busy join this batch.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < max_batch {
             match queue.try_recv() {
                 Ok(p) => batch.push(p),
                 Err(_) => break,

@@ -108,7 +108,12 @@ impl PostgresStore {
         };
         let sql = Statements::new(table);
         Ok(PostgresStore {
-            batcher: batch::Batcher::start(pool.clone(), sql.claim_batch.clone()),
+            batcher: batch::Batcher::start(
+                pool.clone(),
+                sql.claim_batch.clone(),
+                target.max_batch,
+                target.batches_in_flight,
+            ),
             pool,
             claim: target.claim,
             sql,

@@ -5,6 +5,11 @@ use crate::error::{Error, Result};
 
 /// The table prefix when the URL names none.
 pub const DEFAULT_TABLE: &str = "anarchon";
+/// Claims per group commit when the URL names no `max_batch` (each is a
+/// subtransaction; PostgreSQL keeps 64 per transaction in shared memory).
+pub const DEFAULT_MAX_BATCH: usize = 32;
+/// Group commits at once when the URL names no `batches_in_flight`.
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
 /// Connections per store when the URL names no `max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 /// Where and how a PostgreSQL store runs, from its backend URL.
@@ -18,6 +23,11 @@ pub struct PgTarget {
     pub max_connections: u32,
     /// `claim`: how a claim runs.
     pub claim: PgClaim,
+    /// `max_batch`: the most claims one group commit carries (1: none).
+    pub max_batch: usize,
+    /// `batches_in_flight`: group commits running at once, each on its own
+    /// connection.
+    pub batches_in_flight: usize,
 }
 
 /// How a claim runs. Both take the same steps under the same locks and decide
@@ -35,7 +45,7 @@ pub enum PgClaim {
 }
 
 /// Parses
-/// `postgres://USER@HOST:PORT/DB?table=PREFIX[&max_connections=N][&claim=function|transaction]`.
+/// `postgres://USER@HOST:PORT/DB?table=PREFIX[&max_connections=N][&claim=function|transaction][&max_batch=N][&batches_in_flight=N]`.
 /// Every other parameter is left to the driver (`sslmode`, `application_name`,
 /// …). Without an `application_name`, connections are named
 /// `anarchon/<prefix>`, so an operator can find them in `pg_stat_activity`.
@@ -46,7 +56,20 @@ pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
     let mut table = DEFAULT_TABLE.to_owned();
     let mut max_connections = DEFAULT_MAX_CONNECTIONS;
     let mut claim = PgClaim::Function;
+    let mut max_batch = DEFAULT_MAX_BATCH;
+    let mut batches_in_flight = DEFAULT_BATCHES_IN_FLIGHT;
     let mut named = false;
+    let number = |field: &'static str, v: &str, max: usize| {
+        v.parse::<usize>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| {
+                Error::invalid(
+                    field,
+                    format!("must be a number from 1 to {max}, got {v:?}"),
+                )
+            })
+    };
     let mut rest = Vec::new();
     for (k, v) in u.query_pairs() {
         match &*k {
@@ -63,6 +86,8 @@ pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
                         )
                     })?
             }
+            "max_batch" => max_batch = number("max_batch", &v, 64)?,
+            "batches_in_flight" => batches_in_flight = number("batches_in_flight", &v, 1000)?,
             "claim" => {
                 claim = match &*v {
                     "function" => PgClaim::Function,
@@ -91,6 +116,8 @@ pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
         table,
         max_connections,
         claim,
+        max_batch,
+        batches_in_flight,
     }))
 }
 
@@ -148,6 +175,8 @@ mod tests {
                 table: "t_1".into(),
                 max_connections: DEFAULT_MAX_CONNECTIONS,
                 claim: PgClaim::Function,
+                max_batch: DEFAULT_MAX_BATCH,
+                batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
             }
         );
         let t =
@@ -160,6 +189,19 @@ mod tests {
             parse_url("postgres://u@h/db?claim=lua"),
             Err(Error::InvalidArgument { field: "claim", .. })
         ));
+        let t = target("postgres://u@h/db?max_batch=1&batches_in_flight=16");
+        assert_eq!((t.max_batch, t.batches_in_flight), (1, 16));
+        for (bad, field) in [
+            ("max_batch=0", "max_batch"),
+            ("max_batch=65", "max_batch"),
+            ("batches_in_flight=x", "batches_in_flight"),
+        ] {
+            let e = parse_url(&format!("postgres://u@h/db?{bad}")).unwrap_err();
+            assert!(
+                matches!(e, Error::InvalidArgument { field: f, .. } if f == field),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

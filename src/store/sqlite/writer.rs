@@ -63,6 +63,8 @@ pub(super) enum Phase {
 /// The handle the store holds; dropping it stops the thread.
 pub(super) struct Writer {
     ops: mpsc::Sender<Box<dyn Step>>,
+    /// Dropped with the writer: stops the checkpointer thread.
+    _checkpoints: std::sync::mpsc::Sender<()>,
     /// Transactions committed so far (one per batch that wrote); read by
     /// the tests that check batching.
     #[cfg_attr(not(test), allow(dead_code))]
@@ -74,6 +76,17 @@ impl Writer {
     /// starts its thread.
     pub(super) fn start(path: &str, busy_timeout: Duration) -> Result<Writer> {
         let conn = open(path, busy_timeout).map_err(convert)?;
+        // The writer never checkpoints (that fsyncs the database file in the
+        // middle of a commit); a thread of its own does, every
+        // [`CHECKPOINT_EVERY`].
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(convert)?;
+        let checkpointer = open(path, busy_timeout).map_err(convert)?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("anarchon-sqlite-checkpoint".into())
+            .spawn(move || checkpoint(checkpointer, stopped))
+            .map_err(|e| Error::Store(format!("cannot start the sqlite checkpointer: {e}")))?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let commits = Arc::new(AtomicU64::new(0));
         let counted = commits.clone();
@@ -81,7 +94,11 @@ impl Writer {
             .name("anarchon-sqlite-writer".into())
             .spawn(move || serve(conn, rx, &counted))
             .map_err(|e| Error::Store(format!("cannot start the sqlite writer: {e}")))?;
-        Ok(Writer { ops: tx, commits })
+        Ok(Writer {
+            ops: tx,
+            _checkpoints: stop,
+            commits,
+        })
     }
 
     /// Transactions committed so far.
@@ -123,6 +140,21 @@ fn open(path: &str, busy_timeout: Duration) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "mmap_size", 268_435_456)?; // 256 MiB
     conn.set_prepared_statement_cache_capacity(32);
     Ok(conn)
+}
+
+/// How often the checkpointer copies the WAL back into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
+/// The checkpointer thread: a `PASSIVE` checkpoint every
+/// [`CHECKPOINT_EVERY`] (it never waits for the writer or for readers; what
+/// it could not copy waits for the next one), until the writer is dropped.
+fn checkpoint(conn: Connection, stop: std::sync::mpsc::Receiver<()>) {
+    use std::sync::mpsc::RecvTimeoutError;
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(CHECKPOINT_EVERY) {
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!(error = %e, "sqlite checkpoint failed; the next one retries");
+        }
+    }
 }
 
 /// One queued operation, as the thread sees it.
@@ -199,8 +231,14 @@ fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Step>>, commits: &
                 Err(_) => break,
             }
         }
+        // The plain reads of the batch share one read transaction (one
+        // snapshot, one round of WAL read locks).
         let mut a = Access { conn: &mut conn };
+        let snapshot = a.exec("BEGIN").is_ok();
         batch.retain_mut(|op| !op.read(&mut a));
+        if snapshot {
+            let _ = a.exec("COMMIT");
+        }
         if !batch.is_empty() && commit_batch(&mut conn, &mut batch) {
             commits.fetch_add(1, Ordering::Relaxed);
         }
