@@ -54,6 +54,8 @@ pub(crate) const REBUILD_TIMEOUT: Duration = Duration::from_secs(3);
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long one command may take, beyond a `WAIT` for replicas.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1500);
+/// The shortest attempt, even when the budget is nearly spent.
+const MIN_ATTEMPT: Duration = Duration::from_millis(250);
 const MIN_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
@@ -412,17 +414,24 @@ impl Conn {
         let mut backoff = MIN_BACKOFF;
         loop {
             let (generation, conn) = self.current();
+            // An attempt never runs far past the budget (a paused node
+            // accepts connections and never answers).
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(MIN_ATTEMPT);
             let (err, last) = match conn {
                 None => (timed_out(), None),
-                Some(c) => match tokio::time::timeout(self.inner.attempt_timeout, op(c)).await {
-                    Ok(Ok(v)) => match v.transient_error() {
-                        None => return Ok(v),
-                        Some(e) => (e, Some(Ok(v))),
-                    },
-                    Ok(Err(e)) if transient(&e) => (e, None),
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => (timed_out(), None),
-                },
+                Some(c) => {
+                    match tokio::time::timeout(self.inner.attempt_timeout.min(left), op(c)).await {
+                        Ok(Ok(v)) => match v.transient_error() {
+                            None => return Ok(v),
+                            Some(e) => (e, Some(Ok(v))),
+                        },
+                        Ok(Err(e)) if transient(&e) => (e, None),
+                        Ok(Err(e)) => return Err(e),
+                        Err(_) => (timed_out(), None),
+                    }
+                }
             };
             if suspect(&err) {
                 self.rebuild(generation).await;
