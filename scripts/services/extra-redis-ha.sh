@@ -116,7 +116,7 @@ for _ in $(seq 1 300); do
     [ "$(cli "$p" cluster info | sed -n 's/^cluster_state://p')" = ok ] || ok=0
   done
   # every cluster master has its replica
-  [ "$(cli 7100 cluster nodes | grep -c ' slave ')" = 3 ] || ok=0
+  [ "$(cli 7100 cluster nodes | awk '$3 ~ /slave/ && $3 !~ /fail/' | wc -l)" = 3 ] || ok=0
   m=$(current_master)
   [ "$(cli "$m" info replication | sed -n 's/^connected_slaves://p')" = 2 ] || ok=0
   if [ "$ok" = 1 ]; then
