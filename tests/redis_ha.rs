@@ -269,7 +269,7 @@ async fn claimer(url: String, job: String, tally: Arc<Mutex<Tally>>, stop: Arc<A
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Now and then, a newcomer asks for a slot won earlier: never WON.
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             let old = {
                 let t = tally.lock().unwrap();
                 (!t.wins.is_empty()).then(|| t.wins[rand::random::<usize>() % t.wins.len()].slot)

@@ -78,7 +78,7 @@ struct Inner {
 enum Link {
     Single(ConnectionManager),
     Cluster {
-        client: ClusterClient,
+        client: Box<ClusterClient>,
         swap: Swap<ClusterConnection>,
     },
     Sentinel {
@@ -294,7 +294,7 @@ impl Conn {
                 .map_err(|_| convert(timed_out()))?
                 .map_err(convert)?;
             Link::Cluster {
-                client,
+                client: Box::new(client),
                 swap: Swap::new(Some(conn)),
             }
         } else {
