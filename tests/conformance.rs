@@ -77,6 +77,25 @@ conformance!(redis_idmp, common::redis::idmp());
 conformance!(redis_cluster_lease, common::redis::cluster("lease"));
 conformance!(redis_cluster_stream_id, common::redis::cluster("stream-id"));
 conformance!(redis_cluster_script, common::redis::cluster("script"));
+// High availability (scripts/services/extra-redis-ha.sh): a 3+3 cluster with
+// the default min_replicas (1: every master has a replica), and a Sentinel
+// group with min_replicas=1.
+conformance!(redis_ha_cluster_lease, redis_ha("redis+cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103,127.0.0.1:7104,127.0.0.1:7105?strategy=lease"));
+conformance!(redis_ha_cluster_stream_id, redis_ha("redis+cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103,127.0.0.1:7104,127.0.0.1:7105?strategy=stream-id"));
+conformance!(redis_sentinel_lease, redis_ha("redis+sentinel://127.0.0.1:26390,127.0.0.1:26391,127.0.0.1:26392/anarchon-ha?strategy=lease&min_replicas=1"));
+conformance!(redis_sentinel_stream_id, redis_ha("redis+sentinel://127.0.0.1:26390,127.0.0.1:26391,127.0.0.1:26392/anarchon-ha?strategy=stream-id&min_replicas=1"));
+conformance!(redis_sentinel_script, redis_ha("redis+sentinel://127.0.0.1:26390,127.0.0.1:26391,127.0.0.1:26392/anarchon-ha?strategy=script&min_replicas=1"));
+
+/// A store on the HA setups, with a key prefix of its own.
+async fn redis_ha(url: &str) -> Option<DynStore> {
+    if !services::require("Redis HA (cluster)", "127.0.0.1:7100")
+        || !services::require("Redis HA (sentinel)", "127.0.0.1:26390")
+    {
+        return None;
+    }
+    let url = format!("{url}&prefix={}", common::redis::prefix());
+    Some(store::open(&url, &StoreOptions::default()).await.unwrap())
+}
 
 // The memories outlast the suite's widest max_late (1 h).
 conformance!(rabbitmq, common::brokers::rabbitmq("&slot_ttl_ms=3700000"));

@@ -1,7 +1,8 @@
 //! The Redis store beyond the conformance suite: multi-process contests
 //! (single server and cluster, jobs spread over every master), the `idmp`
 //! refusal on Redis < 8.6, `NOSCRIPT` reloads, resends after a dropped
-//! connection, and an unreachable Redis. Real servers only: the shared one
+//! connection, an unreachable Redis, and `min_replicas` unmet on a server
+//! without replicas. Real servers only: the shared one
 //! at 127.0.0.1:6379, the local cluster on 7000-7002, and private
 //! `redis-server` processes for the tests that kill connections or servers.
 
@@ -999,5 +1000,55 @@ async fn lease_script_agrees_with_the_decision_table() {
         "Relock",
     ] {
         assert!(seen.contains_key(d), "no case reached {d}: {seen:?}");
+    }
+}
+
+/// `min_replicas` on a server without replicas (the shared 6379): every
+/// deciding step is followed by `WAIT`, which counts 0, so the answer is
+/// `UNAVAILABLE` naming the replicas — never `WON` — for each strategy; the
+/// claim was written all the same, and once the requirement is met (here: a
+/// store with `min_replicas=0` on the same prefix) the resend with the same
+/// token finds its own claim and answers `WON`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_unmet_is_unavailable_and_the_resend_wins() {
+    if !r::have_redis() {
+        return;
+    }
+    for strategy in ["lease", "stream-id", "script"] {
+        let prefix = r::prefix();
+        let base = format!("redis://{}/0?strategy={strategy}&prefix={prefix}", r::REDIS);
+        let strict = open(&format!("{base}&min_replicas=1&replica_timeout_ms=50"))
+            .await
+            .unwrap();
+        let plain = open(&base).await.unwrap();
+        let j = job("minrep");
+        let s = spec(&j, host_now_ms(), &holder("n", 1));
+        match strict.claim(&s, &none()).await {
+            Err(Error::Unavailable(m)) => {
+                assert!(m.contains("replicas acknowledged"), "{strategy}: {m}")
+            }
+            other => panic!("{strategy}: expected UNAVAILABLE, got {other:?}"),
+        }
+        let again = plain.claim(&s, &none()).await.unwrap();
+        assert_eq!(again.outcome, Outcome::Won, "{strategy}: the resend");
+        let other = spec(&j, s.slot_ms, &holder("m", 1));
+        let lost = plain.claim(&other, &none()).await.unwrap();
+        assert_ne!(lost.outcome, Outcome::Won, "{strategy}: a second winner");
+    }
+}
+
+/// A bad replica option names itself.
+#[tokio::test]
+async fn bad_replica_options_name_the_option() {
+    for (url, option) in [
+        ("redis://127.0.0.1:6379/0?min_replicas=two", "min_replicas"),
+        (
+            "redis://127.0.0.1:6379/0?replica_timeout_ms=1",
+            "replica_timeout_ms",
+        ),
+        ("redis+sentinel://127.0.0.1:26390", "redis+sentinel"),
+    ] {
+        let e = open(url).await.err().unwrap().to_string();
+        assert!(e.contains(option), "{url}: {e}");
     }
 }

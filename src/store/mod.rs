@@ -235,12 +235,12 @@ impl Backend {
                 }
                 Ok(Backend::Sqlite { path: path.to_owned() })
             }
-            "redis" | "redis+cluster" => Ok(Backend::Redis(RedisConfig::parse(url)?)),
+            "redis" | "redis+cluster" | "redis+sentinel" => Ok(Backend::Redis(RedisConfig::parse(url)?)),
             "postgres" | "postgresql" => postgres::parse_url(url),
             "amqp" | "amqps" => rabbitmq::parse_url(url),
             "nats" => nats::parse_url(url),
             other => Err(bad(format!(
-                "unknown scheme {other:?}; expected sqlite://, postgres://, redis://, redis+cluster://, amqp://, amqps:// or nats://"
+                "unknown scheme {other:?}; expected sqlite://, postgres://, redis://, redis+cluster://, redis+sentinel://, amqp://, amqps:// or nats://"
             ))),
         }
     }

@@ -104,7 +104,8 @@ impl IdmpStore {
             .arg(self.duration_s)
             .arg(self.maxsize)
             .arg(self.duration_s * 2000);
-        let v: Value = self.base.conn.invoke(&inv).await?;
+        let marker = self.base.ack_key(&spec.job);
+        let v: Value = self.base.conn.invoke_acked(&inv, &marker).await?;
         self.base.script_answer(spec, v, "max_late_ms")
     }
 

@@ -155,14 +155,16 @@ local function claim()
   -- ARGV: 2 slot, 3 token, 4 node, 5 instance, 6 lease_ms, 7 max_late_ms,
   --       8 overlap skip (0/1), 9 max_attempts, 10 history maxlen,
   --       11 holder index member, 12 holder index ttl ms, 13 job,
-  --       14 expected memory id, 15 quarantine ms, 16.. dead holders
+  --       14 expected memory id, 15 quarantine ms,
+  --       16 time-floored fencing ('1' on a cluster or behind Sentinel), 17.. dead holders
   local slot_s, token, node, inst = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
   local slot = tonumber(slot_s)
   local lease_ms, max_late = tonumber(ARGV[6]), tonumber(ARGV[7])
   local skip = ARGV[8] == '1'
   local max_attempts = tonumber(ARGV[9])
   local maxlen = ARGV[10]
-  local is_dead = liveness(16)
+  local is_dead = liveness(17)
+  local time_fence = ARGV[16] == '1'
   local now = now_ms()
   local ok, untl, floor
   ok, mem_id, untl, floor = memory(now, ARGV[14], tonumber(ARGV[15]))
@@ -208,8 +210,17 @@ local function claim()
       -- than the milliseconds since 1970).
       redis.call('SET', KEYS[4], num(floor))
     end
+    local fencing = redis.call('INCR', KEYS[4])
+    if time_fence and fencing < now * 1000 then
+      -- With replicas, a failover can lose the last increments of the
+      -- counter: never below a thousand per millisecond of the store's
+      -- clock, so a number handed out before the loss is never handed out
+      -- again (unless a job won more than a thousand times a millisecond).
+      fencing = now * 1000
+      redis.call('SET', KEYS[4], num(fencing))
+    end
     local r = {
-      state = 'RUNNING', attempt = attempt, fencing = redis.call('INCR', KEYS[4]),
+      state = 'RUNNING', attempt = attempt, fencing = fencing,
       lease_until = now + lease_ms, claimed_at = now, finished_at = 0,
       token = token, inst = inst, node = node,
     }

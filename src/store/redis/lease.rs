@@ -58,6 +58,9 @@ pub struct LeaseStore {
     /// "Restarts" in docs/stores/redis.md), empty before the first.
     memory: Mutex<String>,
     quarantine_ms: u64,
+    /// A cluster or a Sentinel group (replicas, failovers): fencing numbers
+    /// never fall below a thousand per millisecond of the store's clock.
+    time_fence: bool,
 }
 
 impl LeaseStore {
@@ -102,6 +105,7 @@ impl LeaseStore {
             registered: Mutex::new(HashSet::new()),
             memory: Mutex::new(memory),
             quarantine_ms: cfg.quarantine_ms,
+            time_fence: cfg.cluster || cfg.sentinel.is_some(),
         })
     }
 
@@ -124,6 +128,14 @@ impl LeaseStore {
 
     async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<Value>> {
         let v: Value = self.conn.invoke(inv).await?;
+        reply::array(v)
+    }
+
+    /// [`run`](Self::run), then `WAIT` for `min_replicas` on the same
+    /// connection (claim, renew, release): see [`Conn::invoke_acked`].
+    async fn run_acked(&self, inv: &ScriptInvocation<'_>, job: &Job) -> Result<Vec<Value>> {
+        let marker = JobKeys::new(&self.prefix, job).key("ack");
+        let v: Value = self.conn.invoke_acked(inv, &marker).await?;
         reply::array(v)
     }
 
@@ -318,9 +330,10 @@ impl Store for LeaseStore {
             .arg(self.holder_ttl_ms)
             .arg(spec.job.as_str())
             .arg(&expected)
-            .arg(self.quarantine_ms);
+            .arg(self.quarantine_ms)
+            .arg(u8::from(self.time_fence));
         dead_args(&mut inv, dead, single);
-        let r = self.run(&inv).await?;
+        let r = self.run_acked(&inv, &spec.job).await?;
         if single {
             let seen = reply::string(r.get(9))?;
             if seen != expected {
@@ -390,7 +403,7 @@ impl Store for LeaseStore {
             .arg(spec.result.state().as_str())
             .arg(self.history_maxlen);
         dead_args(&mut inv, dead, false);
-        let r = self.run(&inv).await?;
+        let r = self.run_acked(&inv, &spec.job).await?;
         if reply::int(r.first())? != 1 {
             return Err(fence_error(&reply::string(r.get(1))?));
         }
@@ -451,7 +464,7 @@ impl Leases for LeaseStore {
             .arg(spec.token.as_str())
             .arg(spec.lease_ms);
         dead_args(&mut inv, dead, false);
-        let r = self.run(&inv).await?;
+        let r = self.run_acked(&inv, &spec.job).await?;
         if reply::int(r.first())? != 1 {
             return Err(fence_error(&reply::string(r.get(1))?));
         }

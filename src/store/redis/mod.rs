@@ -2,8 +2,13 @@
 //!
 //! ```text
 //! redis://[user:pass@]HOST:PORT/DB?strategy=lease|stream-id|idmp|script&prefix=anarchon
-//! redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT…]?strategy=…
+//! redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT…]?strategy=…&min_replicas=N&replica_timeout_ms=T
+//! redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT…]/MASTER?strategy=…&min_replicas=N
 //! ```
+//!
+//! [`conn`] holds the connection all strategies share: retries through a
+//! failover, rebuilds of a stuck connection, following the Sentinels' master,
+//! and `WAIT` for `min_replicas` after each deciding step.
 //!
 //! | strategy | module | the atomic step |
 //! |---|---|---|
@@ -26,6 +31,7 @@
 //! reported as `WON`. Every step is idempotent for the same token, so a resend
 //! after a lost answer finds the caller's own claim.
 
+mod conn;
 mod idmp;
 mod lease;
 mod once;
@@ -35,17 +41,15 @@ mod stream_id;
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
-use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use ::redis::{RedisError, Value};
 
 use super::{DynStore, StoreOptions};
 use crate::claim::{host_now_ms, Holder, Job};
 use crate::error::{Error, Result};
 
+pub(crate) use conn::Conn;
 pub use idmp::IdmpStore;
 pub use lease::LeaseStore;
 pub use script::ScriptStore;
@@ -110,6 +114,18 @@ pub struct RedisConfig {
     /// claims (a restart without persistence), no claim is decided for this
     /// long. It must be at least the longest lease a claim holds.
     pub quarantine_ms: u64,
+    /// `redis+sentinel://…/MASTER`: the master's name; `nodes` are then the
+    /// Sentinels.
+    pub sentinel: Option<String>,
+    /// `redis+sentinel://`: `user:pass@` for the master (the same credentials
+    /// as the Sentinels), or empty.
+    pub master_userinfo: String,
+    /// Replicas that must acknowledge a claim, renew or release (`WAIT`);
+    /// `None`: 1 on a cluster or behind Sentinel when every master has a
+    /// replica at start, else 0.
+    pub min_replicas: Option<u32>,
+    /// How long a step waits for `min_replicas` before it answers `UNAVAILABLE`.
+    pub replica_timeout_ms: u64,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -126,6 +142,9 @@ impl fmt::Debug for RedisConfig {
             .field("idmp_maxsize", &self.idmp_maxsize)
             .field("history_maxlen", &self.history_maxlen)
             .field("quarantine_ms", &self.quarantine_ms)
+            .field("sentinel", &self.sentinel)
+            .field("min_replicas", &self.min_replicas)
+            .field("replica_timeout_ms", &self.replica_timeout_ms)
             .finish()
     }
 }
@@ -149,6 +168,7 @@ pub const DEFAULT_IDMP_MAXSIZE: u64 = 10_000;
 pub const DEFAULT_HISTORY_MAXLEN: u64 = 1_000;
 /// Twice the default lease (30 s).
 pub const DEFAULT_QUARANTINE_MS: u64 = 60_000;
+pub const DEFAULT_REPLICA_TIMEOUT_MS: u64 = 1_000;
 
 impl RedisConfig {
     /// Parses and checks a `redis://` or `redis+cluster://` URL without connecting.
@@ -171,6 +191,10 @@ impl RedisConfig {
             idmp_maxsize: DEFAULT_IDMP_MAXSIZE,
             history_maxlen: DEFAULT_HISTORY_MAXLEN,
             quarantine_ms: DEFAULT_QUARANTINE_MS,
+            sentinel: None,
+            master_userinfo: String::new(),
+            min_replicas: None,
+            replica_timeout_ms: DEFAULT_REPLICA_TIMEOUT_MS,
         };
         for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
             let num = |v: &str| {
@@ -185,9 +209,15 @@ impl RedisConfig {
                 "idmp_maxsize" => cfg.idmp_maxsize = num(&v)?,
                 "history_maxlen" => cfg.history_maxlen = num(&v)?,
                 "quarantine_ms" => cfg.quarantine_ms = num(&v)?,
+                "min_replicas" => {
+                    cfg.min_replicas = Some(v.parse::<u32>().ok().filter(|n| *n <= 16).ok_or_else(
+                        || bad(format!("redis option min_replicas={v:?} must be a whole number from 0 to 16")),
+                    )?)
+                }
+                "replica_timeout_ms" => cfg.replica_timeout_ms = num(&v)?,
                 other => {
                     return Err(bad(format!(
-                        "unknown redis option {other:?}; known: strategy, prefix, window_ms, idmp_duration_ms, idmp_maxsize, history_maxlen, quarantine_ms"
+                        "unknown redis option {other:?}; known: strategy, prefix, window_ms, idmp_duration_ms, idmp_maxsize, history_maxlen, quarantine_ms, min_replicas, replica_timeout_ms"
                     )))
                 }
             }
@@ -198,6 +228,33 @@ impl RedisConfig {
                 ::redis::Client::open(node.as_str())
                     .map_err(|e| bad(format!("{}: {e}", redact(&node))))?;
                 cfg.nodes = vec![node];
+            }
+            "redis+sentinel" => {
+                let (userinfo, hosts) = match base.rsplit_once('@') {
+                    Some((u, h)) => (format!("{u}@"), h),
+                    None => (String::new(), base),
+                };
+                let (hosts, master) = match hosts.split_once('/') {
+                    Some((h, m)) if !m.trim_matches('/').is_empty() && !m.contains('/') => (h, m),
+                    _ => {
+                        return Err(bad(
+                            "redis+sentinel://HOST:PORT[,HOST:PORT…]/MASTER needs the master's name after the Sentinels".into(),
+                        ))
+                    }
+                };
+                for h in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+                    let node = format!("redis://{userinfo}{h}");
+                    ::redis::Client::open(node.as_str())
+                        .map_err(|e| bad(format!("{}: {e}", redact(&node))))?;
+                    cfg.nodes.push(node);
+                }
+                if cfg.nodes.is_empty() {
+                    return Err(bad(
+                        "redis+sentinel:// needs at least one Sentinel HOST:PORT".into(),
+                    ));
+                }
+                cfg.sentinel = Some(master.to_owned());
+                cfg.master_userinfo = userinfo;
             }
             "redis+cluster" => {
                 cfg.cluster = true;
@@ -262,6 +319,12 @@ impl RedisConfig {
         if self.history_maxlen == 0 {
             return bad("history_maxlen must be at least 1".into());
         }
+        if !(10..=60_000).contains(&self.replica_timeout_ms) {
+            return bad(format!(
+                "replica_timeout_ms={} is outside 10..=60000",
+                self.replica_timeout_ms
+            ));
+        }
         if self.quarantine_ms > 7 * 86_400_000 {
             return bad(format!(
                 "quarantine_ms={} is above a week",
@@ -273,6 +336,14 @@ impl RedisConfig {
 
     /// The `StoreInfo::backend` name.
     pub fn backend_name(&self) -> &'static str {
+        if self.sentinel.is_some() {
+            return match self.strategy {
+                Strategy::Lease => "redis-sentinel-lease",
+                Strategy::StreamId => "redis-sentinel-stream-id",
+                Strategy::Idmp => "redis-sentinel-idmp",
+                Strategy::Script => "redis-sentinel-script",
+            };
+        }
         match (self.cluster, self.strategy) {
             (false, Strategy::Lease) => "redis-lease",
             (false, Strategy::StreamId) => "redis-stream-id",
@@ -302,6 +373,11 @@ impl RedisConfig {
                 }
             })
             .collect();
+        let mut nodes = nodes;
+        if let Some(master) = &self.sentinel {
+            // The master's name is the place; the Sentinels only find it.
+            nodes.push(format!("sentinel-master/{master}"));
+        }
         let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
         super::address_identity(self.backend_name(), &nodes, &self.prefix)
     }
@@ -318,83 +394,7 @@ pub async fn open(cfg: &RedisConfig, opts: &StoreOptions) -> Result<DynStore> {
     })
 }
 
-/// How long one command may take before the claim answers `UNAVAILABLE`.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// A multiplexed, self-reconnecting connection to one server or a cluster.
-/// Cloning is cheap; every clone shares the same sockets, so concurrent
-/// requests are pipelined.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    async fn connect(cfg: &RedisConfig) -> Result<Conn> {
-        if cfg.cluster {
-            let client = ClusterClient::builder(cfg.nodes.clone())
-                .connection_timeout(CONNECT_TIMEOUT)
-                .response_timeout(RESPONSE_TIMEOUT)
-                .retries(3)
-                .build()
-                .map_err(convert)?;
-            let conn = client.get_async_connection().await.map_err(convert)?;
-            Ok(Conn::Cluster(conn))
-        } else {
-            let url = cfg.nodes.first().map(String::as_str).unwrap_or_default();
-            let client = ::redis::Client::open(url).map_err(convert)?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(Some(RESPONSE_TIMEOUT))
-                .set_number_of_retries(2)
-                .set_min_delay(Duration::from_millis(50))
-                .set_max_delay(Duration::from_millis(500));
-            let conn = ConnectionManager::new_with_config(client, config)
-                .await
-                .map_err(convert)?;
-            Ok(Conn::Single(conn))
-        }
-    }
-
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Conn::Cluster(_))
-    }
-
-    /// Runs a script by `EVALSHA`. The redis crate loads it and retries once
-    /// on `NOSCRIPT`; a `SCRIPT FLUSH` or a restart between that load and
-    /// the retry answers `NOSCRIPT` again, so this tries a few times more.
-    /// A script that answered `NOSCRIPT` never ran, so a retry is safe.
-    pub(crate) async fn invoke(&self, inv: &::redis::ScriptInvocation<'_>) -> Result<Value> {
-        let mut tries = 0;
-        loop {
-            match inv.invoke_async(&mut self.clone()).await {
-                Err(e) if tries < 3 && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    tries += 1;
-                }
-                res => return res.map_err(convert),
-            }
-        }
-    }
-
-    /// Runs one command.
-    pub(crate) async fn query<T: ::redis::FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
-        let mut c = self.clone();
-        cmd.query_async(&mut c).await.map_err(convert)
-    }
-
-    /// `INFO server` of every node this connection reaches (one per master
-    /// on a cluster).
-    pub(crate) async fn server_infos(&self) -> Result<Vec<String>> {
-        let v: Value = self.query(::redis::cmd("INFO").arg("server")).await?;
-        let mut out = Vec::new();
-        collect_strings(&v, &mut out);
-        Ok(out)
-    }
-}
-
-fn collect_strings(v: &Value, out: &mut Vec<String>) {
+pub(crate) fn collect_strings(v: &Value, out: &mut Vec<String>) {
     match v {
         Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => out.push(s.clone()),
@@ -416,56 +416,11 @@ pub(crate) fn server_version(info: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
 /// Translates redis errors: anything that means "could not reach Redis, or
 /// it could not answer now" is `UNAVAILABLE` (retry, with the same token);
 /// everything else is a store error. Never a win.
 pub(crate) fn convert(e: RedisError) -> Error {
-    let unavailable = e.is_io_error()
-        || e.is_connection_refusal()
-        || e.is_connection_dropped()
-        || e.is_timeout()
-        || matches!(
-            e.kind(),
-            ErrorKind::Io
-                | ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(
-                    ServerErrorKind::BusyLoading
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::ClusterDown
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                )
-        )
-        || matches!(e.code(), Some("BUSY"));
-    if unavailable {
+    if conn::transient(&e) || matches!(e.code(), Some("BUSY" | "NOREPLICAS")) {
         Error::Unavailable(format!("redis: {e}"))
     } else {
         Error::Store(format!("redis: {e}"))
@@ -665,6 +620,14 @@ mod tests {
             "redis://h:1?idmp_duration_ms=100",
             "redis+cluster://",
             "redis+cluster://a:1/3",
+            "redis+cluster://a:1?min_replicas=-1",
+            "redis+cluster://a:1?min_replicas=x",
+            "redis+cluster://a:1?min_replicas=99",
+            "redis+cluster://a:1?replica_timeout_ms=0",
+            "redis+cluster://a:1?replica_timeout_ms=soon",
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/",
+            "redis+sentinel:///m",
         ] {
             assert!(
                 matches!(
@@ -677,6 +640,46 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn replica_options_and_sentinel_urls() {
+        let c = RedisConfig::parse("redis+cluster://a:1").unwrap();
+        assert_eq!(
+            (c.min_replicas, c.replica_timeout_ms),
+            (None, DEFAULT_REPLICA_TIMEOUT_MS)
+        );
+        let c = RedisConfig::parse("redis+cluster://a:1?min_replicas=2&replica_timeout_ms=250")
+            .unwrap();
+        assert_eq!((c.min_replicas, c.replica_timeout_ms), (Some(2), 250));
+        let c = RedisConfig::parse(
+            "redis+sentinel://u:pw@s1:26379,s2:26380/mymaster?strategy=script&min_replicas=1",
+        )
+        .unwrap();
+        assert_eq!(c.sentinel.as_deref(), Some("mymaster"));
+        assert_eq!(c.master_userinfo, "u:pw@");
+        assert_eq!(
+            c.nodes,
+            vec![
+                "redis://u:pw@s1:26379".to_string(),
+                "redis://u:pw@s2:26380".into()
+            ]
+        );
+        assert_eq!(c.backend_name(), "redis-sentinel-script");
+        assert!(!format!("{c:?}").contains("pw"));
+        let other =
+            RedisConfig::parse("redis+sentinel://s1:26379,s2:26380/other?strategy=script").unwrap();
+        assert_ne!(c.identity(), other.identity());
+        let msg = match RedisConfig::parse("redis://h:1?min_replicas=x") {
+            Err(e) => e.to_string(),
+            Ok(_) => String::new(),
+        };
+        assert!(msg.contains("min_replicas"), "{msg}");
+        let msg = match RedisConfig::parse("redis://h:1?replica_timeout_ms=5") {
+            Err(e) => e.to_string(),
+            Ok(_) => String::new(),
+        };
+        assert!(msg.contains("replica_timeout_ms"), "{msg}");
     }
 
     #[test]

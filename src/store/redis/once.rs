@@ -87,15 +87,23 @@ impl OnceBase {
         JobKeys::new(&self.prefix, job).key(self.strategy.as_str())
     }
 
+    /// The key a `WAIT` for replicas writes first (see [`Conn::invoke_acked`]).
+    pub(crate) fn ack_key(&self, job: &Job) -> String {
+        JobKeys::new(&self.prefix, job).key("ack")
+    }
+
     fn results_key(&self, job: &Job) -> String {
         JobKeys::new(&self.prefix, job).key(&format!("{}:results", self.strategy.as_str()))
     }
 
     /// The entry with exactly this ID, if any.
+    /// Read through [`Conn::acked`]: a resend that finds its own claim answers
+    /// `WON` only once the claim is on `min_replicas` replicas.
     pub(crate) async fn entry(&self, key: &str, id: &str) -> Result<Option<Entry>> {
+        let marker = format!("{key}:ack");
         let r: StreamRangeReply = self
             .conn
-            .query(::redis::cmd("XRANGE").arg(key).arg(id).arg(id))
+            .query_acked(::redis::cmd("XRANGE").arg(key).arg(id).arg(id), &marker)
             .await?;
         Ok(r.ids.first().and_then(Entry::from_stream))
     }
@@ -178,7 +186,8 @@ impl OnceBase {
             .arg(exact_id.unwrap_or(""))
             .arg(self.results_ttl_ms)
             .arg(SCAN_LIMIT);
-        let v: Value = self.conn.invoke(&inv).await?;
+        let marker = self.ack_key(&spec.job);
+        let v: Value = self.conn.invoke_acked(&inv, &marker).await?;
         let r = reply::array(v)?;
         if reply::int(r.first())? == 1 {
             return Ok(());

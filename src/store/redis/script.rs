@@ -66,7 +66,8 @@ impl ScriptStore {
             .arg(spec.holder.instance)
             .arg(spec.max_late_ms)
             .arg(self.window_ms);
-        let v: Value = self.base.conn.invoke(&inv).await?;
+        let marker = self.base.ack_key(&spec.job);
+        let v: Value = self.base.conn.invoke_acked(&inv, &marker).await?;
         self.base.script_answer(spec, v, "max_late_ms")
     }
 

@@ -103,7 +103,13 @@ impl StreamIdStore {
             .arg(spec.holder.instance)
             .arg("at")
             .arg(now);
-        let res: ::redis::RedisResult<Value> = xadd.query_async(&mut self.base.conn.clone()).await;
+        let mut acked = self.base.conn.acked(&format!("{key}:ack"));
+        let res: ::redis::RedisResult<Value> = xadd.query_async(&mut acked).await;
+        if let Err(e) = acked.shortfall() {
+            if res.is_ok() {
+                return Err(e);
+            }
+        }
         match res {
             Ok(v) => {
                 let stored = super::reply::string(Some(&v))?;
