@@ -10,8 +10,23 @@
 //! * `ALIVE` while `now - seen_at <= expiry / 2`, `UNREACHABLE` until
 //!   `expiry`, then `EXPIRED`; `LEFT` after a signed leave;
 //! * a higher instance of a known node is a restart (counted); marks of older
-//!   instances are dropped, so a stale mark relayed late never revives one.
+//!   instances are dropped, so a stale mark relayed late never revives one;
+//! * `LEFT` is final for an instance: no later mark of it is taken;
+//! * a mark may arrive without its identity (public key, address, labels:
+//!   links send those once, see [`super::gossip`]); it takes them from the
+//!   known entry, or is dropped (`unknown_identity`) if there is none;
+//! * runtimes `LEFT` or `EXPIRED` for longer than the forget time are dropped
+//!   from the view; a full view evicts the longest-dead entry first and
+//!   refuses a newcomer only when every entry is live.
+//!
+//! Forgetting is safe for claims: a forgotten holder is *unknown*, and an
+//! unknown holder is never dead here (the store lease decides, as for a
+//! runtime without a mesh). It is dropped from frames two expiries after it
+//! died, so nobody relays it when anyone forgets it (forget ≥ 3 × expiry);
+//! a late stale copy would come back `EXPIRED` (its age is clamped to one
+//! expiry) and be forgotten again, never `ALIVE`.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -57,6 +72,33 @@ struct Entry {
     reported: pb::PeerState,
     /// Last frame received over a direct link with this runtime.
     direct_rx: Option<Instant>,
+    /// Last newer mark of it received from another runtime (a relay).
+    relayed_rx: Option<Instant>,
+    /// When its signed leave was taken in.
+    left_at: Option<Instant>,
+}
+
+impl Entry {
+    /// Since when this runtime is known dead (`LEFT` or `EXPIRED`), if it is.
+    fn dead_since(&self, now: Instant, expiry: Duration) -> Option<Instant> {
+        match state_of(self, now, expiry) {
+            pb::PeerState::Left => self.left_at.or(self.seen_at).or(self.restored_at),
+            pb::PeerState::Expired => self
+                .seen_at
+                .or(self.restored_at)
+                .map(|t| t + expiry)
+                .or(Some(now)),
+            _ => None,
+        }
+    }
+}
+
+/// What a link needs to know about one runtime to decide whether to relay it.
+#[derive(Debug, Clone, Copy)]
+pub struct Known<'a> {
+    pub mark: &'a pb::Mark,
+    /// When its newest beat rose, on our clock (`None`: restored, not fresh).
+    pub seen_at: Option<Instant>,
 }
 
 /// Tunables of the table.
@@ -69,6 +111,8 @@ pub struct TableConfig {
 
 pub struct PeerTable {
     cfg: TableConfig,
+    /// How long a `LEFT` or `EXPIRED` runtime is kept before it is dropped.
+    forget: Duration,
     self_node: String,
     self_instance: u64,
     own: Option<(pb::Mark, Instant)>,
@@ -84,6 +128,7 @@ impl PeerTable {
     pub fn new(cfg: TableConfig, self_node: &str, self_instance: u64) -> Self {
         PeerTable {
             cfg,
+            forget: cfg.expiry * DEFAULT_FORGET_EXPIRIES,
             self_node: self_node.to_owned(),
             self_instance,
             own: None,
@@ -97,6 +142,64 @@ impl PeerTable {
 
     pub fn expiry(&self) -> Duration {
         self.cfg.expiry
+    }
+
+    /// Sets the forget time (at least three expiries: see the module doc).
+    pub fn with_forget(mut self, forget: Duration) -> Self {
+        self.forget = forget.max(self.cfg.expiry * 3);
+        self
+    }
+
+    pub fn forget_after(&self) -> Duration {
+        self.forget
+    }
+
+    /// How many runtimes the view holds.
+    pub fn len(&self) -> usize {
+        self.peers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.peers.is_empty()
+    }
+
+    /// Every known runtime with its freshness, for links deciding what to
+    /// relay (see [`super::gossip`]).
+    pub fn known(&self) -> impl Iterator<Item = Known<'_>> {
+        self.peers.values().map(|e| Known {
+            mark: &e.mark,
+            seen_at: e.seen_at,
+        })
+    }
+
+    /// The signed mark of one runtime and its freshness.
+    pub fn known_of(&self, node: &str) -> Option<Known<'_>> {
+        self.peers.get(node).map(|e| Known {
+            mark: &e.mark,
+            seen_at: e.seen_at,
+        })
+    }
+
+    /// Our own newest mark and when it rose.
+    pub fn own_known(&self) -> Option<(&pb::Mark, Instant)> {
+        self.own.as_ref().map(|(m, at)| (m, *at))
+    }
+
+    /// Whether a runtime's newest mark is worth relaying at `now`: fresh
+    /// within two expiries, or left within two expiries. Older ones are dead
+    /// everywhere by now; relaying them would only delay forgetting.
+    pub fn relay_worthy(&self, k: &Known<'_>, now: Instant) -> bool {
+        let horizon = self.cfg.expiry * 2;
+        let Some(seen) = k.seen_at else { return false };
+        if k.mark.left {
+            let at = self
+                .peers
+                .get(&k.mark.node)
+                .and_then(|e| e.left_at)
+                .unwrap_or(seen);
+            return now.saturating_duration_since(at) < horizon;
+        }
+        now.saturating_duration_since(seen) < horizon
     }
 
     /// Records this runtime's own newest mark, made at `now`.
@@ -142,6 +245,8 @@ impl PeerTable {
                 restarts: 0,
                 reported: pb::PeerState::Unreachable,
                 direct_rx: None,
+                relayed_rx: None,
+                left_at: None,
             },
         );
     }
@@ -161,16 +266,45 @@ impl PeerTable {
         // Cheap checks first: relays repeat the same marks all the time, and a
         // mark that is not newer is dropped whatever its signature says.
         if let Some(e) = self.peers.get_mut(&mark.node) {
+            if from == Some(mark.node.as_str()) {
+                e.direct_rx = Some(now);
+            }
             if mark.instance < e.mark.instance {
                 return Err(self.drop_mark(Refusal::StaleInstance));
             }
-            if mark.instance == e.mark.instance && mark.beat <= e.mark.beat {
-                if from == Some(mark.node.as_str()) {
-                    e.direct_rx = Some(now);
-                }
+            // LEFT is final: nothing after a leave of the same instance.
+            if mark.instance == e.mark.instance && (mark.beat <= e.mark.beat || e.mark.left) {
                 return Err(self.drop_mark(Refusal::NotNewer));
             }
         }
+        if mark.node == self.self_node
+            && mark.instance == self.self_instance
+            && self.own.as_ref().is_some_and(|(m, _)| {
+                mark.beat <= m.beat && (mark.public_key.is_empty() || m.address == mark.address)
+            })
+        {
+            // Our own beat relayed back: an echo, not a refusal worth counting.
+            return Err(Refusal::AboutSelf);
+        }
+        // A mark sent without its identity takes it from what we know.
+        let mark: Cow<'_, pb::Mark> = if mark.public_key.is_empty() {
+            let known = if mark.node == self.self_node {
+                self.own.as_ref().map(|(m, _)| m)
+            } else {
+                self.peers.get(&mark.node).map(|e| &e.mark)
+            };
+            let Some(k) = known else {
+                return Err(self.drop_mark(Refusal::UnknownIdentity));
+            };
+            let mut m = mark.clone();
+            m.public_key = k.public_key.clone();
+            m.address = k.address.clone();
+            m.labels = k.labels.clone();
+            Cow::Owned(m)
+        } else {
+            Cow::Borrowed(mark)
+        };
+        let mark: &pb::Mark = &mark;
         if let Err(r) = verify_mark(mark) {
             return Err(self.drop_mark(r));
         }
@@ -202,7 +336,7 @@ impl PeerTable {
         let direct = from == Some(mark.node.as_str());
         let change = match self.peers.get_mut(&mark.node) {
             None => {
-                if self.peers.len() >= self.cfg.max_runtimes {
+                if self.peers.len() >= self.cfg.max_runtimes && !self.evict_one(now) {
                     return Err(self.drop_mark(Refusal::TooManyRuntimes));
                 }
                 let mut e = Entry {
@@ -212,6 +346,8 @@ impl PeerTable {
                     reported: pb::PeerState::Alive,
                     restored_at: None,
                     direct_rx: direct.then_some(now),
+                    relayed_rx: (!direct).then_some(now),
+                    left_at: mark.left.then_some(now),
                 };
                 e.reported = state_of(&e, now, expiry);
                 self.peers.insert(mark.node.clone(), e);
@@ -230,6 +366,13 @@ impl PeerTable {
                 e.mark = mark.clone();
                 if direct {
                     e.direct_rx = Some(now);
+                } else {
+                    e.relayed_rx = Some(now);
+                }
+                if mark.left {
+                    e.left_at = Some(now);
+                } else if restarted {
+                    e.left_at = None;
                 }
                 e.reported = state_of(e, now, expiry);
                 if restarted {
@@ -272,8 +415,32 @@ impl PeerTable {
                 out.push((node.clone(), change));
             }
         }
+        let forget = self.forget;
+        self.peers.retain(|_, e| {
+            e.dead_since(now, expiry)
+                .is_none_or(|d| now.saturating_duration_since(d) < forget)
+        });
         out.sort();
         out
+    }
+
+    /// Makes room in a full view: drops the entry dead the longest. False
+    /// when every entry is live (the newcomer is refused: a flood bound).
+    fn evict_one(&mut self, now: Instant) -> bool {
+        let expiry = self.cfg.expiry;
+        let victim = self
+            .peers
+            .iter()
+            .filter_map(|(n, e)| e.dead_since(now, expiry).map(|d| (d, n)))
+            .min()
+            .map(|(_, n)| n.clone());
+        match victim {
+            Some(n) => {
+                self.peers.remove(&n);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Every mark worth relaying, with ages as seen from here: our own, and
@@ -289,7 +456,12 @@ impl PeerTable {
         for e in self.peers.values() {
             let Some(seen) = e.seen_at else { continue };
             let age = now.saturating_duration_since(seen);
-            if age >= expiry * 2 && !e.mark.left {
+            let since = if e.mark.left {
+                e.left_at.map_or(age, |l| now.saturating_duration_since(l))
+            } else {
+                age
+            };
+            if since >= expiry * 2 {
                 continue;
             }
             let mut m = e.mark.clone();
@@ -309,7 +481,9 @@ impl PeerTable {
             .is_some_and(|t| now.saturating_duration_since(t) <= expiry / 2);
         let link = if direct {
             pb::Link::Direct
-        } else if e.seen_at.is_some()
+        } else if e
+            .relayed_rx
+            .is_some_and(|t| now.saturating_duration_since(t) <= expiry / 2)
             && matches!(state, pb::PeerState::Alive | pb::PeerState::Unreachable)
         {
             pb::Link::Relayed
@@ -462,6 +636,9 @@ impl PeerTable {
             .map(|(i, _)| i)
     }
 }
+
+/// The default forget time, in expiries (10 s expiry: 5 minutes).
+pub const DEFAULT_FORGET_EXPIRIES: u32 = 30;
 
 fn state_of(e: &Entry, now: Instant, expiry: Duration) -> pb::PeerState {
     if e.mark.left {
