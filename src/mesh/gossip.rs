@@ -12,10 +12,13 @@
 //! * newer beats of other runtimes only when the other end's copy is at
 //!   least `relay_after` old, most stale first, at most `budget` per frame.
 //!
-//! A public key, address and labels travel once per link and runtime (and
-//! again when they change, or every `identity_refresh` in case the other end
-//! forgot them); otherwise a mark goes without them (`public_key` empty) and
-//! the receiver takes them from its table ([`super::table`]).
+//! A relayed runtime's public key, address and labels travel once per link
+//! (and again when they change, or every `identity_refresh` in case the
+//! other end forgot them); otherwise its mark goes without them
+//! (`public_key` empty) and the receiver takes them from its table
+//! ([`super::table`]). Our own mark always carries them: they are ~70 bytes
+//! per link per heartbeat, and the other end may have refused or forgotten
+//! us without our knowing.
 //!
 //! Why a relayed beat may travel less often than every heartbeat and the
 //! expiry bounds still hold: a relayed mark carries its age, so the receiver
@@ -51,14 +54,15 @@ pub struct GossipConfig {
 }
 
 impl GossipConfig {
-    /// The defaults: relayed beats due after two heartbeats (capped at an
-    /// eighth of the expiry, so a copy stays well under `expiry / 2` old even
-    /// three hops away), identities refreshed every 60 heartbeats.
+    /// The defaults: relayed beats due once the other end's copy is a
+    /// quarter expiry old (at least a heartbeat), so each runtime checks
+    /// about `4 / expiry` signatures per second per other runtime instead of
+    /// one per heartbeat; identities refreshed every 60 heartbeats.
     pub fn new(heartbeat: Duration, expiry: Duration) -> Self {
         GossipConfig {
             heartbeat,
             expiry,
-            relay_after: (heartbeat * 2).min(expiry / 8).max(heartbeat),
+            relay_after: (expiry / 4).max(heartbeat),
             identity_refresh: heartbeat * 60,
         }
     }
@@ -188,7 +192,16 @@ impl Outbox {
                 seen_at: Some(at),
             };
             if self.lacks(&k) {
-                out.push(self.take(&k, now));
+                let mut m = self.take(&k, now);
+                if m.public_key.is_empty() {
+                    // Our own mark always carries our identity (~70 bytes a
+                    // heartbeat per link): the other end may have refused us
+                    // (a full view) or forgotten us, and nothing tells us so.
+                    m.public_key = own.public_key.clone();
+                    m.address = own.address.clone();
+                    m.labels = own.labels.clone();
+                }
+                out.push(m);
             }
         }
         // (urgent, staleness of the other end's copy, node)
@@ -351,16 +364,15 @@ mod tests {
         }
         // Nothing newer: nothing to send.
         assert!(out.frame(&ta, t0 + ms(10), 8).is_empty());
-        // Our beat rises: it goes, without its identity, and B accepts it.
+        // Our beat rises: it goes (our own mark with our identity, always).
         beat(&mut ta, &a, 2, t0 + HB);
         let f2 = out.frame(&ta, t0 + HB, 8);
         assert_eq!(f2.len(), 1);
-        assert!(f2[0].public_key.is_empty() && f2[0].address.is_empty());
+        assert!(!f2[0].public_key.is_empty());
         assert_eq!(tb.ingest(&f2[0], Some(&a.node), t0 + HB), Ok(None));
         assert_eq!(tb.peer(&a.node, t0 + HB).unwrap().beat, 2);
-        assert_eq!(tb.peer(&a.node, t0 + HB).unwrap().address, "10.0.0.1:1");
         // C's newer beat is relayed only once B's copy is relay_after old
-        // (1.25 s: an eighth of the expiry).
+        // (2.5 s: a quarter of the expiry).
         ta.ingest(
             &sign_mark(&c, 2, false, "10.0.0.3:1", &Default::default()),
             Some(&c.node),
@@ -373,11 +385,18 @@ mod tests {
             t0 + ms(1500),
         )
         .unwrap();
-        assert!(out.frame(&ta, t0 + ms(1249), 8).is_empty());
-        let f3 = out.frame(&ta, t0 + ms(2000), 8);
+        assert!(out.frame(&ta, t0 + ms(2499), 8).is_empty());
+        let f3 = out.frame(&ta, t0 + ms(2500), 8);
         assert_eq!(f3.len(), 1);
         assert_eq!((f3[0].node.as_str(), f3[0].beat), (c.node.as_str(), 3));
-        assert_eq!(f3[0].age_ms, 500, "the age travels with the mark");
+        // A relayed runtime's identity went with the first frame only.
+        assert!(f3[0].public_key.is_empty() && f3[0].address.is_empty());
+        assert_eq!(tb.ingest(&f3[0], Some(&a.node), t0 + ms(2500)), Ok(None));
+        assert_eq!(
+            tb.peer(&c.node, t0 + ms(2500)).unwrap().address,
+            "10.0.0.3:1"
+        );
+        assert_eq!(f3[0].age_ms, 1000, "the age travels with the mark");
         // A table that forgot C cannot take a mark without identity.
         let mut fresh = table(&b);
         assert_eq!(
@@ -385,8 +404,14 @@ mod tests {
             Err(crate::mesh::marks::Refusal::UnknownIdentity)
         );
         // After the identity refresh the identity travels again.
-        beat(&mut ta, &a, 3, t0 + ms(61_000));
+        ta.ingest(
+            &sign_mark(&c, 4, false, "10.0.0.3:1", &Default::default()),
+            Some(&c.node),
+            t0 + ms(61_000),
+        )
+        .unwrap();
         let f4 = out.frame(&ta, t0 + ms(61_000), 8);
+        assert!(f4.iter().any(|m| m.node == c.node));
         assert!(f4.iter().all(|m| !m.public_key.is_empty()));
     }
 

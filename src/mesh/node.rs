@@ -209,7 +209,8 @@ impl Mesh {
             &id.node,
             id.instance,
         )
-        .with_forget(cfg.forget);
+        .with_forget(cfg.forget)
+        .with_min_gain(cfg.heartbeat / 2);
         let started = Instant::now();
         for m in load_known(&cfg.data_dir) {
             table.restore(m, started);

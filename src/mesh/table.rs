@@ -113,6 +113,9 @@ pub struct PeerTable {
     cfg: TableConfig,
     /// How long a `LEFT` or `EXPIRED` runtime is kept before it is dropped.
     forget: Duration,
+    /// A relayed beat of the same instance must make an entry this much
+    /// fresher to be taken (zero: any newer beat).
+    min_gain: Duration,
     self_node: String,
     self_instance: u64,
     own: Option<(pb::Mark, Instant)>,
@@ -129,6 +132,7 @@ impl PeerTable {
         PeerTable {
             cfg,
             forget: cfg.expiry * DEFAULT_FORGET_EXPIRIES,
+            min_gain: Duration::ZERO,
             self_node: self_node.to_owned(),
             self_instance,
             own: None,
@@ -147,6 +151,15 @@ impl PeerTable {
     /// Sets the forget time (at least three expiries: see the module doc).
     pub fn with_forget(mut self, forget: Duration) -> Self {
         self.forget = forget.max(self.cfg.expiry * 3);
+        self
+    }
+
+    /// Relayed beats must freshen an entry by `gain` to be checked and
+    /// taken (half a heartbeat is the mesh's choice: the final beat of a
+    /// killed runtime is a heartbeat fresher than the one before, so it is
+    /// always taken and the lower detection bound holds).
+    pub fn with_min_gain(mut self, gain: Duration) -> Self {
+        self.min_gain = gain;
         self
     }
 
@@ -276,6 +289,22 @@ impl PeerTable {
             if mark.instance == e.mark.instance && (mark.beat <= e.mark.beat || e.mark.left) {
                 return Err(self.drop_mark(Refusal::NotNewer));
             }
+            // A relayed newer beat that would not make the entry at least
+            // `min_gain` fresher is not worth a signature check (several
+            // links often bring about the same beat).
+            if mark.instance == e.mark.instance
+                && !mark.left
+                && from != Some(mark.node.as_str())
+                && !self.min_gain.is_zero()
+            {
+                if let Some(s) = e.seen_at {
+                    let age = Duration::from_millis(mark.age_ms.max(0) as u64).min(self.cfg.expiry);
+                    let seen = now.checked_sub(age).unwrap_or(now);
+                    if seen < s + self.min_gain {
+                        return Err(self.drop_mark(Refusal::NotNewer));
+                    }
+                }
+            }
         }
         if mark.node == self.self_node
             && mark.instance == self.self_instance
@@ -357,7 +386,10 @@ impl PeerTable {
                 let restarted = mark.instance > e.mark.instance;
                 let before = e.reported;
                 if restarted {
-                    e.restarts = e.restarts.saturating_add(1);
+                    // Every instance between was a start too (a restart too
+                    // quick to beat here is still a restart).
+                    let starts = u32::try_from(mark.instance - e.mark.instance).unwrap_or(u32::MAX);
+                    e.restarts = e.restarts.saturating_add(starts);
                     e.seen_at = Some(seen);
                 } else {
                     // Never move freshness backwards for the same instance.
@@ -424,16 +456,25 @@ impl PeerTable {
         out
     }
 
-    /// Makes room in a full view: drops the entry dead the longest. False
-    /// when every entry is live (the newcomer is refused: a flood bound).
+    /// Makes room in a full view: drops the entry dead the longest, or
+    /// failing that the one unreachable the longest. False when every entry
+    /// is `ALIVE` (the newcomer is refused: a flood bound). Dropping an
+    /// unreachable entry is safe for claims: its holder becomes unknown,
+    /// which is never dead here (the store lease decides).
     fn evict_one(&mut self, now: Instant) -> bool {
         let expiry = self.cfg.expiry;
         let victim = self
             .peers
             .iter()
-            .filter_map(|(n, e)| e.dead_since(now, expiry).map(|d| (d, n)))
+            .filter_map(|(n, e)| match e.dead_since(now, expiry) {
+                Some(d) => Some((0u8, d, n)),
+                None if state_of(e, now, expiry) == pb::PeerState::Unreachable => {
+                    Some((1u8, e.seen_at.or(e.restored_at).unwrap_or(now), n))
+                }
+                None => None,
+            })
             .min()
-            .map(|(_, n)| n.clone());
+            .map(|(_, _, n)| n.clone());
         match victim {
             Some(n) => {
                 self.peers.remove(&n);
@@ -1069,6 +1110,147 @@ mod tests {
         assert_eq!(
             t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0),
             Err(Refusal::TooManyRuntimes)
+        );
+    }
+
+    #[test]
+    fn a_full_view_evicts_the_longest_dead_and_never_refuses_a_newcomer_for_them() {
+        let me = Identity::ephemeral(1);
+        let mut t = PeerTable::new(
+            TableConfig {
+                expiry: EXPIRY,
+                max_runtimes: 3,
+            },
+            &me.node,
+            1,
+        );
+        let t0 = Instant::now();
+        let (old, newer, live) = (
+            Identity::ephemeral(1),
+            Identity::ephemeral(1),
+            Identity::ephemeral(1),
+        );
+        t.ingest(&mark(&old, 1, 0), Some(&old.node), t0).unwrap();
+        t.ingest(&mark(&newer, 1, 0), Some(&newer.node), t0 + ms(500))
+            .unwrap();
+        t.ingest(&mark(&live, 1, 0), Some(&live.node), t0 + ms(2500))
+            .unwrap();
+        // At 2.6 s: `old` dead since 1.5 s, `newer` since 2.0 s, `live` alive.
+        let at = t0 + ms(2600);
+        let a = Identity::ephemeral(1);
+        assert_eq!(
+            t.ingest(&mark(&a, 1, 0), Some(&a.node), at),
+            Ok(Some(Change::Joined))
+        );
+        assert!(
+            t.peer(&old.node, at).is_none(),
+            "the longest dead goes first"
+        );
+        assert!(t.peer(&newer.node, at).is_some());
+        let b = Identity::ephemeral(1);
+        t.ingest(&mark(&b, 1, 0), Some(&b.node), at).unwrap();
+        assert!(t.peer(&newer.node, at).is_none());
+        // Only live entries now: a flood is still refused.
+        let c = Identity::ephemeral(1);
+        assert_eq!(
+            t.ingest(&mark(&c, 1, 0), Some(&c.node), at),
+            Err(Refusal::TooManyRuntimes)
+        );
+    }
+
+    /// The forget time's safety argument, checked: forgotten only after the
+    /// forget time (never earlier), gone from frames two expiries after
+    /// death (so nobody relays it when anyone forgets it), and a late stale
+    /// copy comes back `EXPIRED`, never `ALIVE`.
+    #[test]
+    fn the_long_dead_are_forgotten_and_cannot_come_back_alive() {
+        let me = Identity::ephemeral(1);
+        let forget = EXPIRY * 3;
+        let mut t = table(&me).with_forget(forget);
+        let t0 = Instant::now();
+        let (dead, gone) = (Identity::ephemeral(1), Identity::ephemeral(2));
+        t.ingest(&mark(&dead, 1, 0), Some(&dead.node), t0).unwrap();
+        let mut bye = sign_mark(&gone, 9, true, "x", &Default::default());
+        bye.age_ms = 0;
+        t.ingest(&bye, Some(&gone.node), t0).unwrap();
+        // `dead` is dead from t0 + expiry, `gone` from t0.
+        assert!(t.frame_marks(t0 + EXPIRY * 2 - ms(1)).len() == 2);
+        assert!(t.frame_marks(t0 + EXPIRY * 3).is_empty());
+        t.tick(t0 + forget - ms(1));
+        assert_eq!(t.len(), 2, "not before the forget time");
+        t.tick(t0 + forget);
+        assert!(t.peer(&gone.node, t0 + forget).is_none(), "left: forgotten");
+        assert!(t.peer(&dead.node, t0 + forget).is_some());
+        t.tick(t0 + EXPIRY + forget);
+        assert!(t.is_empty());
+        // A stale relayed copy of the dead one: EXPIRED at once.
+        let late = t0 + EXPIRY + forget + ms(1);
+        let mut stale = mark(&dead, 1, 0);
+        stale.age_ms = EXPIRY.as_millis() as i64;
+        t.ingest(&stale, Some("relay"), late).unwrap();
+        assert_eq!(state(&t, &dead.node, late), pb::PeerState::Expired);
+        // Our own persisted view shrank too.
+        assert_eq!(t.known_marks().len(), 1);
+    }
+
+    #[test]
+    fn left_is_final_for_an_instance() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::from_seed([7; 32], 3);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        let mut bye = sign_mark(&c, 5, true, "x", &Default::default());
+        bye.age_ms = 0;
+        t.ingest(&bye, Some(&c.node), t0).unwrap();
+        // A later beat of the same instance (a beat loop racing the leave).
+        assert_eq!(
+            t.ingest(&mark(&c, 6, 0), Some(&c.node), t0 + ms(5)),
+            Err(Refusal::NotNewer)
+        );
+        assert_eq!(state(&t, &c.node, t0 + ms(5)), pb::PeerState::Left);
+        assert!(t.tick(t0 + EXPIRY * 2).is_empty(), "no event after LEFT");
+        // A new instance is a restart.
+        let c2 = Identity::from_seed([7; 32], 4);
+        assert_eq!(
+            t.ingest(&mark(&c2, 1, 0), Some(&c.node), t0 + ms(10)),
+            Ok(Some(Change::Restarted))
+        );
+    }
+
+    #[test]
+    fn a_runtime_reached_only_directly_is_never_said_relayed() {
+        let me = Identity::ephemeral(1);
+        let b = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.ingest(&mark(&b, 1, 0), Some(&b.node), t0).unwrap();
+        let p = t.peer(&b.node, t0 + ms(800)).unwrap();
+        assert_eq!(p.state, pb::PeerState::Unreachable as i32);
+        assert_eq!(p.link, pb::Link::None as i32);
+    }
+
+    #[test]
+    fn relayed_beats_that_freshen_too_little_are_dropped_before_any_check() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let mut t = table(&me).with_min_gain(ms(100));
+        let t0 = Instant::now();
+        t.ingest(&mark(&c, 1, 0), Some("b"), t0).unwrap();
+        // Newer, but seen only 50 ms later: not checked (a forged signature
+        // would not even be noticed), counted as not newer.
+        let mut forged = mark(&c, 2, 0);
+        forged.signature = vec![0; 64];
+        assert_eq!(
+            t.ingest(&forged, Some("d"), t0 + ms(50)),
+            Err(Refusal::NotNewer)
+        );
+        assert_eq!(t.drops().get(&Refusal::BadSignature), None);
+        // 100 ms fresher: checked and taken.
+        assert_eq!(t.ingest(&mark(&c, 2, 0), Some("d"), t0 + ms(100)), Ok(None));
+        // A direct beat is always taken.
+        assert_eq!(
+            t.ingest(&mark(&c, 3, 0), Some(&c.node), t0 + ms(110)),
+            Ok(None)
         );
     }
 }
