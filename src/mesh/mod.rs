@@ -7,14 +7,18 @@
 //!   the long dead.
 //! * [`gossip`]: what one link sends: deltas, identities once (pure).
 //! * [`fanout`]: which runtimes a runtime links with (pure).
+//! * [`dial`]: the redial backoff (`backon`).
+//! * [`persist`]: `peers.json`, who was there before a restart.
 //! * [`node`]: the I/O around it: beats, `Sync` links, dialing with backoff,
 //!   discovery (static, DNS, gossip), persistence, events for `WatchPeers`.
 
+pub mod dial;
 pub mod fanout;
 pub mod gossip;
 pub mod identity;
 pub mod marks;
 pub mod node;
+pub mod persist;
 pub mod table;
 
 pub use identity::Identity;

@@ -17,15 +17,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use super::dial::Redial;
 use super::fanout;
 use super::gossip::{GossipConfig, Outbox};
-use super::identity::{write_atomic, Identity};
+use super::identity::Identity;
 use super::marks::{sign_hello, sign_mark, verify_hello, Refusal};
+use super::persist;
 use super::table::{Change, PeerTable, TableConfig};
 use crate::claim::{DeadHolders, Holder};
 use crate::proto as pb;
@@ -168,21 +169,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What is persisted about a known runtime: its last signed mark.
-#[derive(Debug, Serialize, Deserialize)]
-struct KnownPeer {
-    node: String,
-    instance: u64,
-    beat: u64,
-    left: bool,
-    address: String,
-    public_key: String,
-    signature: String,
-    labels: BTreeMap<String, String>,
-}
-
-const PEERS_FILE: &str = "peers.json";
-
 /// Relayed marks (beyond changes that matter) a runtime sends per heartbeat,
 /// shared among its links: at ~110 bytes a mark without identity, about
 /// 110 KiB per heartbeat whatever the size of the mesh.
@@ -212,7 +198,7 @@ impl Mesh {
         .with_forget(cfg.forget)
         .with_min_gain(cfg.heartbeat / 2);
         let started = Instant::now();
-        for m in load_known(&cfg.data_dir) {
+        for m in persist::load(&cfg.data_dir) {
             table.restore(m, started);
         }
         table.set_own(
@@ -1134,7 +1120,7 @@ impl Mesh {
     }
 
     async fn dial_loop(self: Arc<Self>, addr: String) {
-        let mut backoff = self.cfg.heartbeat;
+        let mut redial = Redial::new(self.cfg.heartbeat, self.cfg.expiry);
         loop {
             if self.stopped() || lock(&self.self_addrs).contains(&addr) {
                 break;
@@ -1156,12 +1142,9 @@ impl Mesh {
                     }
                 }
                 if started.elapsed() >= self.cfg.expiry {
-                    backoff = self.cfg.heartbeat;
+                    redial.reset();
                 }
-                let jitter = 0.5 + rand::random::<f64>();
-                let nap = backoff.mul_f64(jitter).min(self.cfg.expiry);
-                backoff = (backoff * 2).min(self.cfg.expiry);
-                tokio::time::sleep(nap).await;
+                tokio::time::sleep(redial.next_delay()).await;
             } else {
                 tokio::time::sleep(self.cfg.heartbeat).await;
             }
@@ -1296,25 +1279,10 @@ impl Mesh {
                 _ = every.tick() => {}
                 _ = stop.changed() => {}
             }
-            let known: Vec<KnownPeer> = lock(&self.table)
-                .known_marks()
-                .into_iter()
-                .map(|m| KnownPeer {
-                    node: m.node,
-                    instance: m.instance,
-                    beat: m.beat,
-                    left: m.left,
-                    address: m.address,
-                    public_key: hex::encode(m.public_key),
-                    signature: hex::encode(m.signature),
-                    labels: m.labels.into_iter().collect(),
-                })
-                .collect();
-            if let Ok(text) = serde_json::to_string_pretty(&known) {
+            let marks = lock(&self.table).known_marks();
+            if let Some(text) = persist::encode(marks) {
                 if text != last {
-                    if let Err(e) =
-                        write_atomic(&self.cfg.data_dir.join(PEERS_FILE), text.as_bytes(), 0o644)
-                    {
+                    if let Err(e) = persist::save(&self.cfg.data_dir, &text) {
                         tracing::warn!(error = %e, "cannot persist known peers");
                     }
                     last = text;
@@ -1395,33 +1363,4 @@ impl crate::liveness::MeshView for Mesh {
         }
         out
     }
-}
-
-fn load_known(dir: &std::path::Path) -> Vec<pb::Mark> {
-    let Ok(text) = std::fs::read_to_string(dir.join(PEERS_FILE)) else {
-        return Vec::new();
-    };
-    let known: Vec<KnownPeer> = match serde_json::from_str(&text) {
-        Ok(k) => k,
-        Err(e) => {
-            tracing::warn!(error = %e, "ignoring a malformed {PEERS_FILE}");
-            return Vec::new();
-        }
-    };
-    known
-        .into_iter()
-        .filter_map(|k| {
-            Some(pb::Mark {
-                node: k.node,
-                instance: k.instance,
-                beat: k.beat,
-                signature: hex::decode(k.signature).ok()?,
-                public_key: hex::decode(k.public_key).ok()?,
-                address: k.address,
-                labels: k.labels.into_iter().collect(),
-                age_ms: 0,
-                left: k.left,
-            })
-        })
-        .collect()
 }
