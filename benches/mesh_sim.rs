@@ -172,7 +172,7 @@ fn simulate(n: usize, kills: usize, full: bool) {
         if now_ms == warmup {
             window = Some((Instant::now(), process_cpu()));
         }
-        if !full && now_ms > 0 && now_ms % (RESHUFFLE_HB * HB_MS) == 0 {
+        if !full && now_ms > 0 && now_ms.is_multiple_of(RESHUFFLE_HB * HB_MS) {
             epoch += 1;
             adj = links(&nodes, full, epoch);
         }

@@ -671,6 +671,9 @@ impl Mesh {
                 "node": r.node, "address": r.address, "reason": r.reason,
                 "store_identity": r.store_identity, "age_ms": r.age_ms,
             })).collect::<Vec<_>>(),
+            "sent_bytes": self.sent_bytes(),
+            "max_links": self.cfg.max_links,
+            "chosen": lock(&self.chosen).iter().cloned().collect::<Vec<_>>(),
             "heartbeat_ms": self.cfg.heartbeat.as_millis() as u64,
             "expiry_ms": self.cfg.expiry.as_millis() as u64,
         })
@@ -787,7 +790,8 @@ impl Mesh {
         }
         // Over twice max_links: serve the newcomer our view, then close
         // (it links with the runtimes it chooses from that view).
-        let referral = lock(&self.links).len() >= self.cfg.max_links.saturating_mul(2)
+        let links_up = lock(&self.links).len();
+        let referral = links_up >= self.cfg.max_links.saturating_mul(2)
             && !lock(&self.chosen).contains(&hello.node);
         let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
         let _ = tx.try_send(pb::SyncFrame {
@@ -945,11 +949,12 @@ impl Mesh {
         if !outbound {
             return false;
         }
-        let chosen = lock(&self.chosen);
+        // One lock at a time.
+        let linked: HashSet<String> = lock(&self.links).values().map(|l| l.node.clone()).collect();
+        let chosen = lock(&self.chosen).clone();
         if chosen.contains(node) {
             return false;
         }
-        let linked: HashSet<String> = lock(&self.links).values().map(|l| l.node.clone()).collect();
         let up = chosen.iter().filter(|n| linked.contains(*n)).count();
         up >= fanout::split(self.cfg.max_links).0.min(chosen.len()).max(1)
     }
