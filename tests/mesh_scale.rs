@@ -359,9 +359,9 @@ async fn churn_keeps_the_view_bounded_lists_every_newcomer_and_forgets() {
         s.kill();
         last_kill = Some((node, killed));
     }
-    let refused = common::http_get(a.admin, "/api/v1/mesh/state", None).await;
-    let v: serde_json::Value = serde_json::from_str(&refused).unwrap();
-    assert!(v["refused"]["too_many_runtimes"].is_null(), "{refused}");
+    // (A newcomer that arrives while all 8 entries are still alive may be
+    // refused for a moment — the flood bound — and is listed as soon as one
+    // of them is no longer alive: asserted above, within 5 s each.)
     // The last one's SIGKILL is detected within the bounds.
     let (node, killed) = last_kill.unwrap();
     let expired = until(Duration::from_millis(EXPIRY + 4 * HB), || async {
