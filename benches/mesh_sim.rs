@@ -1,14 +1,26 @@
-//! Mesh simulation: N runtimes in a full mesh on a virtual clock, driving the
-//! real `PeerTable` and real signed marks. Measures bytes per link per
-//! heartbeat, CPU per heartbeat per runtime, and detection time after a
-//! runtime dies, against the declared expiry.
+//! Mesh simulation on a virtual clock, driving the real `PeerTable`, real
+//! signed marks, the real link deltas (`mesh::gossip::Outbox`) and the real
+//! link choice (`mesh::fanout::choose`), with real encoded frames.
 //!
-//!     cargo bench --bench mesh_sim -- [SIZES…]      (default: 16 64 256)
+//! Measures, per runtime: bytes sent per second, CPU per second (building
+//! frames, taking them in — signature checks included — and ticking the
+//! table), links; and, per killed runtime, when each other runtime sees it
+//! `EXPIRED`, with the relay hops between them. It also watches that no
+//! live runtime is ever seen `EXPIRED` (and counts `UNREACHABLE` sightings)
+//! from a sample of observers.
+//!
+//!     cargo bench --bench mesh_sim -- [--full] [SIZES…]   (default: 16 64 256 1000)
+//!
+//! `--full` is the mesh before issue 20: every runtime links with every
+//! other and sends every mark it knows each heartbeat.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use anarchon::mesh::fanout;
+use anarchon::mesh::gossip::{GossipConfig, Outbox};
 use anarchon::mesh::marks::sign_mark;
+use anarchon::mesh::node::RELAY_MARKS_PER_HEARTBEAT;
 use anarchon::mesh::table::{PeerTable, TableConfig};
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
@@ -17,70 +29,168 @@ use prost::Message;
 const HB_MS: u64 = 1000;
 const EXPIRY_MS: u64 = 10_000;
 const STEP_MS: u64 = 10;
+const MAX_LINKS: usize = 8;
+const RESHUFFLE_HB: u64 = 30;
+const WARMUP_HB: u64 = 8;
+const OBSERVERS: usize = 8;
 
 struct Node {
     id: Identity,
     table: PeerTable,
     beat: u64,
-    /// Beat phase within the heartbeat, in ms.
+    /// Beat phase within the heartbeat, in ms (a multiple of the step).
     phase: u64,
     alive: bool,
+    outboxes: HashMap<usize, Outbox>,
 }
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
+/// This process's CPU time (user + system), from `/proc/self/stat`, in
+/// clock ticks of 10 ms.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 (1-based), i.e. 11 and 12 here.
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+fn pct(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = v.to_vec();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     let i = ((v.len() as f64 - 1.0) * q).round() as usize;
-    v[i.min(v.len().saturating_sub(1))]
+    v[i.min(v.len() - 1)]
 }
 
-fn simulate(n: usize, kills: usize) {
+fn new_node(i: usize, cfg: TableConfig, full: bool) -> Node {
+    let id = Identity::ephemeral(1);
+    let gain = if full { 0 } else { HB_MS / 2 };
+    let table = PeerTable::new(cfg, &id.node, 1).with_min_gain(Duration::from_millis(gain));
+    Node {
+        id,
+        table,
+        beat: 0,
+        phase: ((i as u64 * 7919) % HB_MS) / STEP_MS * STEP_MS,
+        alive: true,
+        outboxes: HashMap::new(),
+    }
+}
+
+/// Undirected links: a link exists when either end chose the other.
+fn links(nodes: &[Node], full: bool, epoch: u64) -> Vec<BTreeSet<usize>> {
+    let n = nodes.len();
+    let mut adj = vec![BTreeSet::new(); n];
+    if full {
+        for (i, a) in adj.iter_mut().enumerate() {
+            a.extend((0..n).filter(|&j| j != i));
+        }
+        return adj;
+    }
+    let index: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (x.id.node.as_str(), i))
+        .collect();
+    for (i, x) in nodes.iter().enumerate() {
+        let chosen = fanout::choose(
+            &x.id.node,
+            nodes.iter().map(|y| y.id.node.as_str()),
+            MAX_LINKS,
+            epoch,
+        );
+        for c in chosen {
+            let j = index[c.as_str()];
+            adj[i].insert(j);
+            adj[j].insert(i);
+        }
+    }
+    adj
+}
+
+fn hops_from(adj: &[BTreeSet<usize>], from: usize) -> Vec<usize> {
+    let mut d = vec![usize::MAX; adj.len()];
+    d[from] = 0;
+    let mut q = VecDeque::from([from]);
+    while let Some(x) = q.pop_front() {
+        for &y in &adj[x] {
+            if d[y] == usize::MAX {
+                d[y] = d[x] + 1;
+                q.push_back(y);
+            }
+        }
+    }
+    d
+}
+
+fn simulate(n: usize, kills: usize, full: bool) {
     let t0 = Instant::now() + Duration::from_secs(3600);
+    let expiry = Duration::from_millis(EXPIRY_MS);
+    let hb = Duration::from_millis(HB_MS);
     let cfg = TableConfig {
-        expiry: Duration::from_millis(EXPIRY_MS),
+        expiry,
         max_runtimes: 4096,
     };
-    let mut nodes: Vec<Node> = (0..n)
-        .map(|i| {
-            let id = Identity::ephemeral(1);
-            let table = PeerTable::new(cfg, &id.node, 1);
-            Node {
-                id,
-                table,
-                beat: 0,
-                phase: (i as u64 * 7919) % HB_MS,
-                alive: true,
-            }
-        })
-        .collect();
-    let mut bytes_per_frame = Vec::new();
+    let gossip = GossipConfig::new(hb, expiry);
+    let mut nodes: Vec<Node> = (0..n).map(|i| new_node(i, cfg, full)).collect();
+    let mut names: Vec<String> = nodes.iter().map(|x| x.id.node.clone()).collect();
+    let mut adj = links(&nodes, full, 0);
+    let mut epoch = 0u64;
+
+    // Wall time inside the runtimes' own work (building frames, taking them
+    // in, ticking), and the measured window's wall and process CPU time: the
+    // CPU figure is the process CPU times the share of the window spent in
+    // the runtimes' work, so that other processes on the machine (which
+    // stretch wall time) do not inflate it.
     let mut cpu = Duration::ZERO;
-    let mut cpu_beats = 0u64;
-    let mut detections: Vec<f64> = Vec::new();
-    // Warm up for 3 heartbeats, then kill `kills` runtimes one after another,
-    // each at a different phase, and watch the others expire it.
-    let warmup = 3 * HB_MS;
+    let mut window: Option<(Instant, Duration)> = None;
+    let mut sent_bytes = 0u64;
+    let mut measured_ms = 0u64;
+    let mut detections: Vec<(f64, usize)> = Vec::new();
+    let mut early = 0usize;
+    let mut unreachable_sightings = 0u64;
+    let mut expired_sightings = 0u64;
+    let mut sightings = 0u64;
+    let mut max_live_age = 0i64;
+
+    let warmup = WARMUP_HB * HB_MS;
     let per_kill = EXPIRY_MS + 3 * HB_MS;
     let total = warmup + kills as u64 * per_kill;
-    let mut victim_at: Option<(usize, u64)> = None;
-    let mut detected: Vec<bool> = vec![false; n];
+    let mut victim: Option<(usize, u64, Vec<usize>)> = None;
+    let mut detected = vec![false; n];
     let mut next_kill = 0usize;
     let mut now_ms = 0u64;
     while now_ms <= total {
         let now = t0 + Duration::from_millis(now_ms);
-        // Kill the next victim a little off-phase.
-        if now_ms >= warmup && victim_at.is_none() && next_kill < kills {
+        let measuring = now_ms >= warmup;
+        if now_ms == warmup {
+            window = Some((Instant::now(), process_cpu()));
+        }
+        if !full && now_ms > 0 && now_ms.is_multiple_of(RESHUFFLE_HB * HB_MS) {
+            epoch += 1;
+            adj = links(&nodes, full, epoch);
+        }
+        if measuring && victim.is_none() && next_kill < kills {
             let v = (next_kill * 37 + 5) % n;
             nodes[v].alive = false;
-            victim_at = Some((v, now_ms));
+            victim = Some((v, now_ms, hops_from(&adj, v)));
             detected = vec![false; n];
             next_kill += 1;
         }
-        // Runtimes whose beat is due beat and send a frame to every link.
-        let mut frames: Vec<(usize, Arc<pb::SyncFrame>)> = Vec::new();
-        for (i, node) in nodes.iter_mut().enumerate() {
-            if !node.alive || now_ms % HB_MS != node.phase - node.phase % STEP_MS {
+        // Runtimes whose beat is due beat and send a frame on every link.
+        let mut frames: Vec<(usize, usize, pb::SyncFrame)> = Vec::new();
+        for i in 0..n {
+            if !nodes[i].alive || now_ms % HB_MS != nodes[i].phase {
                 continue;
             }
+            let started = Instant::now();
+            let node = &mut nodes[i];
             node.beat += 1;
             let m = sign_mark(
                 &node.id,
@@ -90,97 +200,184 @@ fn simulate(n: usize, kills: usize) {
                 &Default::default(),
             );
             node.table.set_own(m, now);
-            let frame = pb::SyncFrame {
-                frame: Some(pb::sync_frame::Frame::Marks(pb::Marks {
-                    marks: node.table.frame_marks(now),
-                })),
-            };
-            if now_ms >= warmup {
-                bytes_per_frame.push(frame.encoded_len() as f64);
-            }
-            frames.push((i, Arc::new(frame)));
-        }
-        for (from, frame) in &frames {
-            let from_node = nodes[*from].id.node.clone();
-            let Some(pb::sync_frame::Frame::Marks(marks)) = &frame.frame else {
-                continue;
-            };
-            for (i, node) in nodes.iter_mut().enumerate() {
-                if i == *from || !node.alive {
+            let budget = (RELAY_MARKS_PER_HEARTBEAT / adj[i].len().max(1)).max(32);
+            for &j in &adj[i] {
+                let marks = if full {
+                    node.table.frame_marks(now)
+                } else {
+                    let ob = node
+                        .outboxes
+                        .entry(j)
+                        .or_insert_with(|| Outbox::new(&names[j], gossip, now));
+                    ob.frame(&node.table, now, budget)
+                };
+                if marks.is_empty() {
                     continue;
                 }
-                let started = Instant::now();
-                for m in &marks.marks {
-                    let _ = node.table.ingest(m, Some(&from_node), now);
+                let frame = pb::SyncFrame {
+                    frame: Some(pb::sync_frame::Frame::Marks(pb::Marks { marks })),
+                };
+                if measuring {
+                    sent_bytes += frame.encoded_len() as u64;
                 }
+                frames.push((i, j, frame));
+            }
+            if measuring {
                 cpu += started.elapsed();
-                cpu_beats += 1;
+            }
+        }
+        for (from, to, frame) in frames {
+            if !nodes[to].alive {
+                continue;
+            }
+            let from_node = &names[from];
+            let Some(pb::sync_frame::Frame::Marks(marks)) = frame.frame else {
+                continue;
+            };
+            let started = Instant::now();
+            let node = &mut nodes[to];
+            if !full {
+                node.outboxes
+                    .entry(from)
+                    .or_insert_with(|| Outbox::new(from_node, gossip, now))
+                    .note_received(&marks.marks, now);
+            }
+            for m in &marks.marks {
+                let _ = node.table.ingest(m, Some(from_node), now);
+            }
+            if measuring {
+                cpu += started.elapsed();
             }
         }
         // Each runtime ticks every quarter heartbeat.
         if now_ms.is_multiple_of(HB_MS / 4) {
-            if let Some((v, killed_at)) = victim_at {
-                let victim = nodes[v].id.node.clone();
-                for (i, node) in nodes.iter_mut().enumerate() {
+            let started = Instant::now();
+            for node in nodes.iter_mut().filter(|x| x.alive) {
+                node.table.tick(now);
+            }
+            if measuring {
+                cpu += started.elapsed();
+            }
+            if let Some((v, killed_at, hops)) = &victim {
+                let victim_node = nodes[*v].id.node.clone();
+                for (i, node) in nodes.iter().enumerate() {
                     if !node.alive || detected[i] {
                         continue;
                     }
-                    node.table.tick(now);
                     let expired = node
                         .table
-                        .peer(&victim, now)
+                        .peer(&victim_node, now)
                         .is_some_and(|p| p.state == pb::PeerState::Expired as i32);
                     if expired {
                         detected[i] = true;
-                        detections.push((now_ms - killed_at) as f64);
+                        let at = (now_ms - killed_at) as f64;
+                        if at < (EXPIRY_MS - HB_MS) as f64 {
+                            early += 1;
+                        }
+                        detections.push((at, hops[i]));
+                    }
+                }
+                // Live runtimes as a sample of observers see them.
+                if measuring {
+                    let live: std::collections::HashSet<&str> = nodes
+                        .iter()
+                        .filter(|x| x.alive)
+                        .map(|x| x.id.node.as_str())
+                        .collect();
+                    for o in 0..OBSERVERS.min(n) {
+                        let obs = (o * 131 + 17) % n;
+                        if !nodes[obs].alive {
+                            continue;
+                        }
+                        for p in nodes[obs].table.peers(now) {
+                            if !live.contains(p.node.as_str()) {
+                                continue;
+                            }
+                            sightings += 1;
+                            max_live_age = max_live_age.max(p.beat_age_ms);
+                            if p.state == pb::PeerState::Unreachable as i32 {
+                                unreachable_sightings += 1;
+                            } else if p.state == pb::PeerState::Expired as i32 {
+                                expired_sightings += 1;
+                            }
+                        }
                     }
                 }
                 if now_ms - killed_at >= per_kill - HB_MS {
-                    // Bring the victim back for the next round (a new instance).
-                    let id = Identity::ephemeral(1);
-                    nodes[v] = Node {
-                        table: PeerTable::new(cfg, &id.node, 1),
-                        id,
-                        beat: 0,
-                        phase: nodes[v].phase,
-                        alive: true,
-                    };
-                    victim_at = None;
+                    // Bring the victim back for the next round (a new runtime).
+                    let v = *v;
+                    let phase = nodes[v].phase;
+                    nodes[v] = new_node(v, cfg, full);
+                    nodes[v].phase = phase;
+                    names[v] = nodes[v].id.node.clone();
+                    for node in nodes.iter_mut() {
+                        node.outboxes.remove(&v);
+                    }
+                    victim = None;
                 }
             }
         }
+        if measuring {
+            measured_ms += STEP_MS;
+        }
         now_ms += STEP_MS;
     }
-    let links = n - 1;
-    let frame_bytes = pct(&mut bytes_per_frame.clone(), 0.5);
-    let cpu_per_hb_per_runtime = cpu.as_secs_f64() / (cpu_beats as f64 / links as f64) * 1e3;
-    let mut d = detections.clone();
+    let secs = measured_ms as f64 / 1000.0;
+    let (wall, proc_cpu) = window.map_or((Duration::ZERO, Duration::ZERO), |(w, c)| {
+        (w.elapsed(), process_cpu().saturating_sub(c))
+    });
+    let share = (cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9)).min(1.0);
+    let cpu_ms = proc_cpu.as_secs_f64() * share * 1e3;
+    let degrees: Vec<f64> = adj.iter().map(|a| a.len() as f64).collect();
+    let d: Vec<f64> = detections.iter().map(|(t, _)| *t).collect();
+    let max_hops = detections.iter().map(|(_, h)| *h).max().unwrap_or(0);
+    // The bound per detector: expiry + one heartbeat per relay hop.
+    let over_bound = detections
+        .iter()
+        .filter(|(t, h)| *t > (EXPIRY_MS + HB_MS * (*h as u64).max(1)) as f64 + 250.0)
+        .count();
     println!(
-        "| {n} | {links} | {:.0} | {:.1} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} |",
-        frame_bytes,
-        frame_bytes * links as f64 / 1024.0,
-        cpu_per_hb_per_runtime,
-        pct(&mut d, 0.0),
-        pct(&mut d, 0.5),
-        pct(&mut d, 0.99),
-        pct(&mut d, 1.0),
+        "| {n} | {} | {:.0} / {:.0} | {:.1} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {max_hops} | {early} | {over_bound} | {:.2}% | {expired_sightings} | {:.1} |",
+        if full { "full" } else { "deltas" },
+        pct(&degrees, 0.5),
+        pct(&degrees, 1.0),
+        sent_bytes as f64 / n as f64 / secs / 1024.0,
+        cpu_ms / n as f64 / secs,
+        pct(&d, 0.0),
+        pct(&d, 0.5),
+        pct(&d, 0.99),
+        pct(&d, 1.0),
+        100.0 * unreachable_sightings as f64 / sightings.max(1) as f64,
+        max_live_age as f64 / 1000.0,
     );
 }
 
 fn main() {
-    let sizes: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let full = args.iter().any(|a| a == "--full");
+    let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() {
-        vec![16, 64, 256]
+        vec![16, 64, 256, 1000]
     } else {
         sizes
     };
-    println!("heartbeat {HB_MS} ms, expiry {EXPIRY_MS} ms, full mesh, tick every heartbeat/4, virtual clock step {STEP_MS} ms");
-    println!("| runtimes | links per runtime | bytes per link per heartbeat | KiB sent per runtime per heartbeat | CPU ms per heartbeat per runtime (ingest) | detection min ms | p50 | p99 | max |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "heartbeat {HB_MS} ms, expiry {EXPIRY_MS} ms, max_links {MAX_LINKS}, tick every heartbeat/4, \
+         virtual clock step {STEP_MS} ms, warm-up {WARMUP_HB} heartbeats"
+    );
+    println!("| runtimes | mode | links p50 / max | KiB/s sent per runtime | CPU ms/s per runtime | detection min ms | p50 | p99 | max | hops max | earlier than expiry−hb | later than expiry+hops×hb | live seen UNREACHABLE | live seen EXPIRED | oldest live beat seen, s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
-        simulate(n, if n >= 256 { 2 } else { 10 });
+        simulate(
+            n,
+            if n >= 1000 {
+                1
+            } else if n >= 256 {
+                2
+            } else {
+                6
+            },
+            full,
+        );
     }
 }

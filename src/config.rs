@@ -99,6 +99,12 @@ pub struct Config {
     pub max_holds_per_client: usize,
     /// `Sync` links accepted at once from one peer runtime.
     pub max_links_per_peer: usize,
+    /// Links a runtime aims to keep (it dials about half); the rest of the
+    /// mesh is reached through relay.
+    pub max_links: usize,
+    /// `LEFT` or `EXPIRED` runtimes are forgotten after this long (raised to
+    /// 3 × expiry_ms if shorter).
+    pub forget_ms: u64,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,
@@ -137,6 +143,8 @@ impl Default for Config {
             max_concurrent_per_connection: 256,
             max_holds_per_client: 1024,
             max_links_per_peer: 4,
+            max_links: 8,
+            forget_ms: 300_000,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -176,6 +184,8 @@ const KEYS: &[&str] = &[
     "max_concurrent_per_connection",
     "max_holds_per_client",
     "max_links_per_peer",
+    "max_links",
+    "forget_ms",
     "tls_cert",
     "tls_key",
     "tls_client_ca",
@@ -342,6 +352,7 @@ impl Config {
             ),
             ("max_holds_per_client", self.max_holds_per_client),
             ("max_links_per_peer", self.max_links_per_peer),
+            ("max_links", self.max_links),
         ] {
             if v == 0 {
                 return Err(err(key, "must be at least 1"));

@@ -452,7 +452,6 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
         r["no_hello"].as_u64() >= Some(1)
             && r["bad_proof"].as_u64() >= Some(1)
             && r["key_mismatch"].as_u64() >= Some(1)
-            && r["about_self"].as_u64() >= Some(1)
             && r["bad_signature"].as_u64() >= Some(1)
             && r["malformed"].as_u64() >= Some(1)
             && r["frame_too_large"].as_u64() >= Some(1)
@@ -473,6 +472,15 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
     );
     let p1 = l.peers.iter().find(|p| p.node == nodes[1]).unwrap();
     assert!(p1.beat < 99, "a forged beat was accepted");
+    // A healthy two-node mesh echoes nobody's own beat back as a refusal
+    // (issue 20: `about_self` rose about once a second).
+    let body = common::http_get(sidecars[0].admin, "/api/v1/mesh/state", None).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    assert_eq!(
+        v["refused"]["about_self"].as_u64().unwrap_or(0),
+        0,
+        "{body}"
+    );
     let metrics = common::http_get(sidecars[0].admin, "/metrics", None).await;
     assert!(
         metrics.contains("anarchon_mesh_refused_total{reason=\"bad_signature\"}"),
@@ -597,16 +605,25 @@ async fn a_copied_node_key_is_reported_as_a_duplicate() {
         format!("sqlite://{}", root.path().join("shared.db").display()),
     ]);
     let refs: Vec<&str> = t.iter().map(String::as_str).collect();
-    let _c = Sidecar::start_at(&root.path().join("c"), c_addr, &refs);
+    let c_car = Sidecar::start_at(&root.path().join("c"), c_addr, &refs);
     let c = c_addr.to_string();
     let with_peer = [&refs[..], &["--peer", c.as_str()][..]].concat();
     let a = Sidecar::start(&dir_a, &with_peer);
     let b = Sidecar::start(&dir_b, &with_peer);
-    until(Duration::from_secs(10), || async {
+    if until(Duration::from_secs(10), || async {
         list(a.addr).await.duplicate_node_key || list(b.addr).await.duplicate_node_key
     })
     .await
-    .expect("one of the twins reports the duplicate node key");
+    .is_none()
+    {
+        for s in [&a, &b, &c_car] {
+            eprintln!(
+                "{}",
+                common::http_get(s.admin, "/api/v1/mesh/state", None).await
+            );
+        }
+        panic!("one of the twins reports the duplicate node key");
+    }
     let twin = if list(a.addr).await.duplicate_node_key {
         &a
     } else {

@@ -44,6 +44,9 @@ pub struct ServeArgs {
     /// A peer silent this long is expired [default: 10000].
     #[arg(long, value_name = "N")]
     pub expiry_ms: Option<u64>,
+    /// Links kept with other runtimes; the rest is relayed [default: 8].
+    #[arg(long, value_name = "N")]
+    pub max_links: Option<u64>,
     /// Default lease [default: 30000].
     #[arg(long, value_name = "N")]
     pub lease_ms: Option<u64>,
@@ -114,6 +117,7 @@ impl ServeArgs {
             ("advertise", s(&self.advertise)),
             ("heartbeat_ms", self.heartbeat_ms.map(Value::from)),
             ("expiry_ms", self.expiry_ms.map(Value::from)),
+            ("max_links", self.max_links.map(Value::from)),
             ("lease_ms", self.lease_ms.map(Value::from)),
             ("max_lease_ms", self.max_lease_ms.map(Value::from)),
             ("max_late_ms", self.max_late_ms.map(Value::from)),

@@ -38,6 +38,8 @@ pub enum Refusal {
     TooManyLinks,
     /// A runtime claims in another store than ours.
     StoreMismatch,
+    /// A mark sent without its identity, about a runtime we do not know.
+    UnknownIdentity,
 }
 
 impl Refusal {
@@ -56,6 +58,7 @@ impl Refusal {
             Refusal::NoHello => "no_hello",
             Refusal::TooManyLinks => "too_many_links",
             Refusal::StoreMismatch => "store_mismatch",
+            Refusal::UnknownIdentity => "unknown_identity",
         }
     }
 
@@ -64,7 +67,10 @@ impl Refusal {
     pub fn is_suspicious(self) -> bool {
         !matches!(
             self,
-            Refusal::NotNewer | Refusal::StaleInstance | Refusal::AboutSelf
+            Refusal::NotNewer
+                | Refusal::StaleInstance
+                | Refusal::AboutSelf
+                | Refusal::UnknownIdentity
         )
     }
 }

@@ -12,18 +12,21 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::identity::{write_atomic, Identity};
+use super::dial::Redial;
+use super::fanout;
+use super::gossip::{GossipConfig, Outbox};
+use super::identity::Identity;
 use super::marks::{sign_hello, sign_mark, verify_hello, Refusal};
+use super::persist;
 use super::table::{Change, PeerTable, TableConfig};
 use crate::claim::{DeadHolders, Holder};
 use crate::proto as pb;
@@ -44,6 +47,10 @@ pub struct MeshConfig {
     pub watch_buffer: usize,
     /// Inbound links accepted at once from one runtime.
     pub max_links_per_peer: usize,
+    /// Links this runtime aims to keep ([`super::fanout`]).
+    pub max_links: usize,
+    /// `LEFT`/`EXPIRED` runtimes are forgotten after this long.
+    pub forget: Duration,
     /// TLS for dialing peers (their CA, our certificate), when TLS is on.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
     /// The source address of our dials: the listen IP, when it is a
@@ -75,6 +82,8 @@ impl MeshConfig {
             max_frame_bytes: c.max_frame_bytes,
             watch_buffer: c.watch_buffer,
             max_links_per_peer: c.max_links_per_peer,
+            max_links: c.max_links,
+            forget: Duration::from_millis(c.forget_ms),
             tls,
             store_identity: String::new(),
         }
@@ -100,6 +109,13 @@ pub struct Mesh {
     links_lost: Mutex<HashMap<String, Instant>>,
     next_link: AtomicU64,
     beat: AtomicU64,
+    /// Set by [`Mesh::leave`]: every later mark of ours says LEFT (final).
+    left: AtomicBool,
+    /// The runtimes this one dials ([`super::fanout`]), recomputed by the
+    /// discovery loop.
+    chosen: Mutex<HashSet<String>>,
+    /// Bytes of sync frames sent, for the metrics and the benchmarks.
+    sent_bytes: AtomicU64,
     /// Bumped to make every link send a frame now (the leave mark).
     push: watch::Sender<u64>,
     dialing: Mutex<HashSet<String>>,
@@ -153,20 +169,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What is persisted about a known runtime: its last signed mark.
-#[derive(Debug, Serialize, Deserialize)]
-struct KnownPeer {
-    node: String,
-    instance: u64,
-    beat: u64,
-    left: bool,
-    address: String,
-    public_key: String,
-    signature: String,
-    labels: BTreeMap<String, String>,
-}
-
-const PEERS_FILE: &str = "peers.json";
+/// Relayed marks (beyond changes that matter) a runtime sends per heartbeat,
+/// shared among its links: at ~110 bytes a mark without identity, about
+/// 110 KiB per heartbeat whatever the size of the mesh.
+pub const RELAY_MARKS_PER_HEARTBEAT: usize = 1024;
+/// Each link may relay at least this many per heartbeat.
+const MIN_RELAY_BUDGET: usize = 32;
+/// Random links are drawn again every this many heartbeats.
+const RESHUFFLE_HEARTBEATS: u32 = 30;
 
 impl Mesh {
     /// Starts the mesh tasks. They stop when `stop` turns true. The mesh bumps
@@ -184,9 +194,11 @@ impl Mesh {
             },
             &id.node,
             id.instance,
-        );
+        )
+        .with_forget(cfg.forget)
+        .with_min_gain(cfg.heartbeat / 2);
         let started = Instant::now();
-        for m in load_known(&cfg.data_dir) {
+        for m in persist::load(&cfg.data_dir) {
             table.restore(m, started);
         }
         table.set_own(
@@ -207,6 +219,9 @@ impl Mesh {
             links_lost: Mutex::new(HashMap::new()),
             next_link: AtomicU64::new(1),
             beat: AtomicU64::new(1),
+            left: AtomicBool::new(false),
+            chosen: Mutex::new(HashSet::new()),
+            sent_bytes: AtomicU64::new(0),
             push,
             dialing: Mutex::new(HashSet::new()),
             unreachable: Mutex::new(HashMap::new()),
@@ -265,6 +280,13 @@ impl Mesh {
     /// once: the newest beat leaves with age ≈ 0, so a peer's last view of us
     /// is never more than one heartbeat old (the lower detection bound).
     fn raise_beat(&self, left: bool, now: Instant) {
+        // LEFT is final: once announced, every later mark says so too.
+        let left = if left {
+            self.left.store(true, Ordering::SeqCst);
+            true
+        } else {
+            self.left.load(Ordering::SeqCst)
+        };
         let beat = self.beat.fetch_add(1, Ordering::SeqCst) + 1;
         let m = sign_mark(&self.id, beat, left, &self.cfg.advertise, &self.cfg.labels);
         lock(&self.table).set_own(m, now);
@@ -328,10 +350,17 @@ impl Mesh {
         pb::Peer {
             node: self.id.node.clone(),
             instance: self.id.instance,
-            restarts: 0,
+            // Every earlier instance of this node key was a start: what the
+            // peers count as restarts.
+            restarts: u32::try_from(self.id.instance.saturating_sub(1)).unwrap_or(u32::MAX),
             address: self.cfg.advertise.clone(),
-            state: pb::PeerState::Alive as i32,
-            link: pb::Link::Unspecified as i32,
+            state: if self.left.load(Ordering::SeqCst) {
+                pb::PeerState::Left as i32
+            } else {
+                pb::PeerState::Alive as i32
+            },
+            // Not linked with itself.
+            link: pb::Link::None as i32,
             beat,
             labels: self.cfg.labels.clone().into_iter().collect(),
             node_name: self
@@ -528,7 +557,6 @@ impl Mesh {
         impl tokio_stream::Stream<Item = Result<pb::PeerEvent, Status>> + Send + 'static,
     ) {
         let mut rx = self.events.subscribe();
-        let (tx, out) = mpsc::channel::<pb::PeerEvent>(self.cfg.watch_buffer.max(1));
         let overflow = Arc::new(Mutex::new(None::<Status>));
         let now = Instant::now();
         // WatchPeers' snapshot starts with this runtime itself, so a lone
@@ -545,6 +573,10 @@ impl Mesh {
                     )
             })
             .collect();
+        // The snapshot does not count against watch_buffer: the channel holds
+        // all of it plus watch_buffer events.
+        let (tx, out) =
+            mpsc::channel::<pb::PeerEvent>(self.cfg.watch_buffer.max(1) + snapshot.len());
         let (snapshot, handed_over) = if snapshot_events {
             (snapshot, Vec::new())
         } else {
@@ -639,6 +671,9 @@ impl Mesh {
                 "node": r.node, "address": r.address, "reason": r.reason,
                 "store_identity": r.store_identity, "age_ms": r.age_ms,
             })).collect::<Vec<_>>(),
+            "sent_bytes": self.sent_bytes(),
+            "max_links": self.cfg.max_links,
+            "chosen": lock(&self.chosen).iter().cloned().collect::<Vec<_>>(),
             "heartbeat_ms": self.cfg.heartbeat.as_millis() as u64,
             "expiry_ms": self.cfg.expiry.as_millis() as u64,
         })
@@ -753,12 +788,20 @@ impl Mesh {
                 "{inbound_links} links from this runtime already (max_links_per_peer)"
             )));
         }
+        // Over twice max_links: serve the newcomer our view, then close
+        // (it links with the runtimes it chooses from that view).
+        let links_up = lock(&self.links).len();
+        let referral = links_up >= self.cfg.max_links.saturating_mul(2)
+            && !lock(&self.chosen).contains(&hello.node);
         let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
         let _ = tx.try_send(pb::SyncFrame {
             frame: Some(pb::sync_frame::Frame::Hello(self.hello())),
         });
         let address = hello.address.clone();
-        tokio::spawn(self.clone().run_link(hello, address, false, inbound, tx));
+        tokio::spawn(
+            self.clone()
+                .run_link(hello, address, false, referral, inbound, tx),
+        );
         Ok(ReceiverStream::new(rx).map(Ok))
     }
 
@@ -768,6 +811,7 @@ impl Mesh {
         remote: pb::Hello,
         address: String,
         outbound: bool,
+        referral: bool,
         mut inbound: S,
         tx: mpsc::Sender<pb::SyncFrame>,
     ) where
@@ -792,15 +836,33 @@ impl Mesh {
         let mut nudges = self.nudges.subscribe();
         let mut stop = self.stop.clone();
         let mut last_rx = now;
-        if !self.send_frame(&tx) {
+        let mut outbox = Outbox::new(
+            &remote.node,
+            GossipConfig::new(self.cfg.heartbeat, self.cfg.expiry),
+            now,
+        )
+        .with_peer_address(&remote.address);
+        if !self.send_frame(&tx, &mut outbox) {
             lock(&self.links).remove(&id);
             return;
         }
+        // Heartbeats in a row this link was not wanted (see `surplus`).
+        let mut unwanted = 0u32;
         loop {
             let expires = tokio::time::Instant::from_std(last_rx + self.cfg.expiry);
             tokio::select! {
                 _ = push.changed() => {
-                    if !self.send_frame(&tx) { break; }
+                    if !self.send_frame(&tx, &mut outbox) { break; }
+                    if self.surplus(&remote.node, outbound, referral) {
+                        unwanted += 1;
+                        // Two heartbeats: the other end has had our whole view.
+                        if unwanted > 2 {
+                            tracing::debug!(peer = %remote.node, "link not needed: closing");
+                            break;
+                        }
+                    } else {
+                        unwanted = 0;
+                    }
                 }
                 nudge = nudges.recv() => {
                     if let Ok(n) = nudge {
@@ -815,6 +877,9 @@ impl Mesh {
                         last_rx = Instant::now();
                         if let Some(l) = lock(&self.links).get_mut(&id) {
                             l.last_rx = last_rx;
+                        }
+                        if let Some(pb::sync_frame::Frame::Marks(m)) = &frame.frame {
+                            outbox.note_received(&m.marks, last_rx);
                         }
                         self.take_frame(&remote.node, frame, last_rx);
                     }
@@ -833,7 +898,7 @@ impl Mesh {
                 }
                 _ = stop.changed() => {
                     // Send the last frame (it carries our LEFT mark, if any).
-                    self.send_frame(&tx);
+                    self.send_frame(&tx, &mut outbox);
                     break;
                 }
             }
@@ -845,17 +910,63 @@ impl Mesh {
         tracing::debug!(peer = %remote.node, "link down");
     }
 
-    fn send_frame(&self, tx: &mpsc::Sender<pb::SyncFrame>) -> bool {
-        let marks = lock(&self.table).frame_marks(Instant::now());
+    /// Sends this link's delta: what the other end lacks, within the relay
+    /// budget (a share of [`RELAY_MARKS_PER_HEARTBEAT`] per link).
+    fn send_frame(&self, tx: &mpsc::Sender<pb::SyncFrame>, outbox: &mut Outbox) -> bool {
+        let links = lock(&self.links).len().max(1);
+        let budget = (RELAY_MARKS_PER_HEARTBEAT / links).max(MIN_RELAY_BUDGET);
+        let marks = outbox.frame(&lock(&self.table), Instant::now(), budget);
+        if marks.is_empty() {
+            return !tx.is_closed();
+        }
         let frame = pb::SyncFrame {
             frame: Some(pb::sync_frame::Frame::Marks(pb::Marks { marks })),
         };
+        let bytes = prost::Message::encoded_len(&frame) as u64;
         match tx.try_send(frame) {
-            Ok(()) => true,
-            // A slow peer misses a frame rather than slowing us down.
-            Err(mpsc::error::TrySendError::Full(_)) => true,
+            Ok(()) => {
+                self.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
+                true
+            }
+            // A slow peer misses a frame rather than slowing us down; the
+            // next one carries everything it may have missed.
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                outbox.reset();
+                true
+            }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
+    }
+
+    /// Whether a link is not needed any more: an inbound link accepted over
+    /// the cap (a referral: the newcomer got our view), or an outbound link
+    /// to a runtime we no longer chose (a seed, or a reshuffled random link)
+    /// once enough chosen links are up.
+    fn surplus(&self, node: &str, outbound: bool, referral: bool) -> bool {
+        if referral {
+            return true;
+        }
+        if !outbound {
+            return false;
+        }
+        // One lock at a time.
+        let linked: HashSet<String> = lock(&self.links).values().map(|l| l.node.clone()).collect();
+        let chosen = lock(&self.chosen).clone();
+        if chosen.contains(node) {
+            return false;
+        }
+        let up = chosen.iter().filter(|n| linked.contains(*n)).count();
+        up >= fanout::split(self.cfg.max_links).0.min(chosen.len()).max(1)
+    }
+
+    /// Links up now.
+    pub fn link_count(&self) -> usize {
+        lock(&self.links).len()
+    }
+
+    /// Bytes of sync frames sent since the start.
+    pub fn sent_bytes(&self) -> u64 {
+        self.sent_bytes.load(Ordering::Relaxed)
     }
 
     fn take_frame(&self, from: &str, frame: pb::SyncFrame, now: Instant) {
@@ -922,6 +1033,7 @@ impl Mesh {
             if n.is_multiple_of(5) {
                 self.resolve_dns().await;
             }
+            self.choose_links(n / u64::from(RESHUFFLE_HEARTBEATS));
             n += 1;
             for addr in self.desired_addresses() {
                 let fresh = lock(&self.dialing).insert(addr.clone());
@@ -943,17 +1055,69 @@ impl Mesh {
         *lock(&self.dns) = found;
     }
 
-    fn desired_addresses(&self) -> HashSet<String> {
+    /// Recomputes the runtimes we dial ([`fanout::choose`]): among the live
+    /// ones by rendezvous hashing plus a few at random (drawn again every
+    /// [`RESHUFFLE_HEARTBEATS`]); plus one runtime seen within ten expiries
+    /// but not live now (restored from disk, or beyond a partition), so a
+    /// split mesh and a restarted one find each other again.
+    fn choose_links(&self, epoch: u64) {
         let now = Instant::now();
-        let mut out: HashSet<String> = self.cfg.peers.iter().cloned().collect();
-        out.extend(lock(&self.dns).iter().cloned());
         let horizon = self.cfg.expiry * 10;
-        for (_, addr, age) in lock(&self.table).addresses(now) {
-            // Gossip addresses: keep dialing runtimes seen recently (or
-            // restored from disk) so restarts at the same address rejoin.
-            if !addr.is_empty() && age.is_none_or(|a| a < horizon) {
-                out.insert(addr);
+        let (live, recent) = {
+            let table = lock(&self.table);
+            let mut live = Vec::new();
+            let mut recent = Vec::new();
+            for p in table.peers(now) {
+                if p.address.is_empty() {
+                    continue;
+                }
+                match pb::PeerState::try_from(p.state) {
+                    Ok(pb::PeerState::Alive | pb::PeerState::Unreachable) => live.push(p.node),
+                    Ok(pb::PeerState::Expired)
+                        if p.beat_age_ms < 0 || (p.beat_age_ms as u128) < horizon.as_millis() =>
+                    {
+                        recent.push(p.node)
+                    }
+                    _ => {}
+                }
             }
+            (live, recent)
+        };
+        let mut chosen = fanout::choose(
+            &self.id.node,
+            live.iter().map(String::as_str),
+            self.cfg.max_links,
+            epoch,
+        );
+        chosen.extend(
+            fanout::choose(&self.id.node, recent.iter().map(String::as_str), 1, epoch)
+                .into_iter()
+                .take(1),
+        );
+        *lock(&self.chosen) = chosen.into_iter().collect();
+    }
+
+    /// Addresses to dial: the chosen runtimes', and the configured ones
+    /// (`--peer`, DNS) while fewer chosen links are up than wanted.
+    fn desired_addresses(&self) -> HashSet<String> {
+        let chosen: Vec<String> = lock(&self.chosen).iter().cloned().collect();
+        let linked: HashSet<String> = lock(&self.links).values().map(|l| l.node.clone()).collect();
+        let mut out = HashSet::new();
+        {
+            let table = lock(&self.table);
+            for n in &chosen {
+                if let Some(a) = table.address_of(n) {
+                    if !a.is_empty() {
+                        out.insert(a.to_owned());
+                    }
+                }
+            }
+        }
+        let up = chosen.iter().filter(|n| linked.contains(*n)).count();
+        let wanted = fanout::split(self.cfg.max_links).0.min(chosen.len()).max(1);
+        if up < wanted {
+            out.extend(self.cfg.peers.iter().cloned());
+            out.extend(lock(&self.dns).iter().cloned());
         }
         let selves = lock(&self.self_addrs);
         out.retain(|a| !selves.contains(a));
@@ -961,7 +1125,7 @@ impl Mesh {
     }
 
     async fn dial_loop(self: Arc<Self>, addr: String) {
-        let mut backoff = self.cfg.heartbeat;
+        let mut redial = Redial::new(self.cfg.heartbeat, self.cfg.expiry);
         loop {
             if self.stopped() || lock(&self.self_addrs).contains(&addr) {
                 break;
@@ -983,12 +1147,9 @@ impl Mesh {
                     }
                 }
                 if started.elapsed() >= self.cfg.expiry {
-                    backoff = self.cfg.heartbeat;
+                    redial.reset();
                 }
-                let jitter = 0.5 + rand::random::<f64>();
-                let nap = backoff.mul_f64(jitter).min(self.cfg.expiry);
-                backoff = (backoff * 2).min(self.cfg.expiry);
-                tokio::time::sleep(nap).await;
+                tokio::time::sleep(redial.next_delay()).await;
             } else {
                 tokio::time::sleep(self.cfg.heartbeat).await;
             }
@@ -1106,7 +1267,7 @@ impl Mesh {
             }
         }
         lock(&self.unreachable).remove(addr);
-        self.run_link(hello, addr.to_owned(), true, inbound, tx)
+        self.run_link(hello, addr.to_owned(), true, false, inbound, tx)
             .await;
         Ok(())
     }
@@ -1123,25 +1284,10 @@ impl Mesh {
                 _ = every.tick() => {}
                 _ = stop.changed() => {}
             }
-            let known: Vec<KnownPeer> = lock(&self.table)
-                .known_marks()
-                .into_iter()
-                .map(|m| KnownPeer {
-                    node: m.node,
-                    instance: m.instance,
-                    beat: m.beat,
-                    left: m.left,
-                    address: m.address,
-                    public_key: hex::encode(m.public_key),
-                    signature: hex::encode(m.signature),
-                    labels: m.labels.into_iter().collect(),
-                })
-                .collect();
-            if let Ok(text) = serde_json::to_string_pretty(&known) {
+            let marks = lock(&self.table).known_marks();
+            if let Some(text) = persist::encode(marks) {
                 if text != last {
-                    if let Err(e) =
-                        write_atomic(&self.cfg.data_dir.join(PEERS_FILE), text.as_bytes(), 0o644)
-                    {
+                    if let Err(e) = persist::save(&self.cfg.data_dir, &text) {
                         tracing::warn!(error = %e, "cannot persist known peers");
                     }
                     last = text;
@@ -1222,33 +1368,4 @@ impl crate::liveness::MeshView for Mesh {
         }
         out
     }
-}
-
-fn load_known(dir: &std::path::Path) -> Vec<pb::Mark> {
-    let Ok(text) = std::fs::read_to_string(dir.join(PEERS_FILE)) else {
-        return Vec::new();
-    };
-    let known: Vec<KnownPeer> = match serde_json::from_str(&text) {
-        Ok(k) => k,
-        Err(e) => {
-            tracing::warn!(error = %e, "ignoring a malformed {PEERS_FILE}");
-            return Vec::new();
-        }
-    };
-    known
-        .into_iter()
-        .filter_map(|k| {
-            Some(pb::Mark {
-                node: k.node,
-                instance: k.instance,
-                beat: k.beat,
-                signature: hex::decode(k.signature).ok()?,
-                public_key: hex::decode(k.public_key).ok()?,
-                address: k.address,
-                labels: k.labels.into_iter().collect(),
-                age_ms: 0,
-                left: k.left,
-            })
-        })
-        .collect()
 }

@@ -10,8 +10,23 @@
 //! * `ALIVE` while `now - seen_at <= expiry / 2`, `UNREACHABLE` until
 //!   `expiry`, then `EXPIRED`; `LEFT` after a signed leave;
 //! * a higher instance of a known node is a restart (counted); marks of older
-//!   instances are dropped, so a stale mark relayed late never revives one.
+//!   instances are dropped, so a stale mark relayed late never revives one;
+//! * `LEFT` is final for an instance: no later mark of it is taken;
+//! * a mark may arrive without its identity (public key, address, labels:
+//!   links send those once, see [`super::gossip`]); it takes them from the
+//!   known entry, or is dropped (`unknown_identity`) if there is none;
+//! * runtimes `LEFT` or `EXPIRED` for longer than the forget time are dropped
+//!   from the view; a full view evicts the longest-dead entry first and
+//!   refuses a newcomer only when every entry is live.
+//!
+//! Forgetting is safe for claims: a forgotten holder is *unknown*, and an
+//! unknown holder is never dead here (the store lease decides, as for a
+//! runtime without a mesh). It is dropped from frames two expiries after it
+//! died, so nobody relays it when anyone forgets it (forget ≥ 3 × expiry);
+//! a late stale copy would come back `EXPIRED` (its age is clamped to one
+//! expiry) and be forgotten again, never `ALIVE`.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -57,6 +72,33 @@ struct Entry {
     reported: pb::PeerState,
     /// Last frame received over a direct link with this runtime.
     direct_rx: Option<Instant>,
+    /// Last newer mark of it received from another runtime (a relay).
+    relayed_rx: Option<Instant>,
+    /// When its signed leave was taken in.
+    left_at: Option<Instant>,
+}
+
+impl Entry {
+    /// Since when this runtime is known dead (`LEFT` or `EXPIRED`), if it is.
+    fn dead_since(&self, now: Instant, expiry: Duration) -> Option<Instant> {
+        match state_of(self, now, expiry) {
+            pb::PeerState::Left => self.left_at.or(self.seen_at).or(self.restored_at),
+            pb::PeerState::Expired => self
+                .seen_at
+                .or(self.restored_at)
+                .map(|t| t + expiry)
+                .or(Some(now)),
+            _ => None,
+        }
+    }
+}
+
+/// What a link needs to know about one runtime to decide whether to relay it.
+#[derive(Debug, Clone, Copy)]
+pub struct Known<'a> {
+    pub mark: &'a pb::Mark,
+    /// When its newest beat rose, on our clock (`None`: restored, not fresh).
+    pub seen_at: Option<Instant>,
 }
 
 /// Tunables of the table.
@@ -69,6 +111,11 @@ pub struct TableConfig {
 
 pub struct PeerTable {
     cfg: TableConfig,
+    /// How long a `LEFT` or `EXPIRED` runtime is kept before it is dropped.
+    forget: Duration,
+    /// A relayed beat of the same instance must make an entry this much
+    /// fresher to be taken (zero: any newer beat).
+    min_gain: Duration,
     self_node: String,
     self_instance: u64,
     own: Option<(pb::Mark, Instant)>,
@@ -84,6 +131,8 @@ impl PeerTable {
     pub fn new(cfg: TableConfig, self_node: &str, self_instance: u64) -> Self {
         PeerTable {
             cfg,
+            forget: cfg.expiry * DEFAULT_FORGET_EXPIRIES,
+            min_gain: Duration::ZERO,
             self_node: self_node.to_owned(),
             self_instance,
             own: None,
@@ -97,6 +146,73 @@ impl PeerTable {
 
     pub fn expiry(&self) -> Duration {
         self.cfg.expiry
+    }
+
+    /// Sets the forget time (at least three expiries: see the module doc).
+    pub fn with_forget(mut self, forget: Duration) -> Self {
+        self.forget = forget.max(self.cfg.expiry * 3);
+        self
+    }
+
+    /// Relayed beats must freshen an entry by `gain` to be checked and
+    /// taken (half a heartbeat is the mesh's choice: the final beat of a
+    /// killed runtime is a heartbeat fresher than the one before, so it is
+    /// always taken and the lower detection bound holds).
+    pub fn with_min_gain(mut self, gain: Duration) -> Self {
+        self.min_gain = gain;
+        self
+    }
+
+    pub fn forget_after(&self) -> Duration {
+        self.forget
+    }
+
+    /// How many runtimes the view holds.
+    pub fn len(&self) -> usize {
+        self.peers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.peers.is_empty()
+    }
+
+    /// Every known runtime with its freshness, for links deciding what to
+    /// relay (see [`super::gossip`]).
+    pub fn known(&self) -> impl Iterator<Item = Known<'_>> {
+        self.peers.values().map(|e| Known {
+            mark: &e.mark,
+            seen_at: e.seen_at,
+        })
+    }
+
+    /// The signed mark of one runtime and its freshness.
+    pub fn known_of(&self, node: &str) -> Option<Known<'_>> {
+        self.peers.get(node).map(|e| Known {
+            mark: &e.mark,
+            seen_at: e.seen_at,
+        })
+    }
+
+    /// Our own newest mark and when it rose.
+    pub fn own_known(&self) -> Option<(&pb::Mark, Instant)> {
+        self.own.as_ref().map(|(m, at)| (m, *at))
+    }
+
+    /// Whether a runtime's newest mark is worth relaying at `now`: fresh
+    /// within two expiries, or left within two expiries. Older ones are dead
+    /// everywhere by now; relaying them would only delay forgetting.
+    pub fn relay_worthy(&self, k: &Known<'_>, now: Instant) -> bool {
+        let horizon = self.cfg.expiry * 2;
+        let Some(seen) = k.seen_at else { return false };
+        if k.mark.left {
+            let at = self
+                .peers
+                .get(&k.mark.node)
+                .and_then(|e| e.left_at)
+                .unwrap_or(seen);
+            return now.saturating_duration_since(at) < horizon;
+        }
+        now.saturating_duration_since(seen) < horizon
     }
 
     /// Records this runtime's own newest mark, made at `now`.
@@ -142,6 +258,8 @@ impl PeerTable {
                 restarts: 0,
                 reported: pb::PeerState::Unreachable,
                 direct_rx: None,
+                relayed_rx: None,
+                left_at: None,
             },
         );
     }
@@ -161,16 +279,61 @@ impl PeerTable {
         // Cheap checks first: relays repeat the same marks all the time, and a
         // mark that is not newer is dropped whatever its signature says.
         if let Some(e) = self.peers.get_mut(&mark.node) {
+            if from == Some(mark.node.as_str()) {
+                e.direct_rx = Some(now);
+            }
             if mark.instance < e.mark.instance {
                 return Err(self.drop_mark(Refusal::StaleInstance));
             }
-            if mark.instance == e.mark.instance && mark.beat <= e.mark.beat {
-                if from == Some(mark.node.as_str()) {
-                    e.direct_rx = Some(now);
-                }
+            // LEFT is final: nothing after a leave of the same instance.
+            if mark.instance == e.mark.instance && (mark.beat <= e.mark.beat || e.mark.left) {
                 return Err(self.drop_mark(Refusal::NotNewer));
             }
+            // A relayed newer beat that would not make the entry at least
+            // `min_gain` fresher is not worth a signature check (several
+            // links often bring about the same beat).
+            if mark.instance == e.mark.instance
+                && !mark.left
+                && from != Some(mark.node.as_str())
+                && !self.min_gain.is_zero()
+            {
+                if let Some(s) = e.seen_at {
+                    let age = Duration::from_millis(mark.age_ms.max(0) as u64).min(self.cfg.expiry);
+                    let seen = now.checked_sub(age).unwrap_or(now);
+                    if seen < s + self.min_gain {
+                        return Err(self.drop_mark(Refusal::NotNewer));
+                    }
+                }
+            }
         }
+        if mark.node == self.self_node
+            && mark.instance == self.self_instance
+            && self.own.as_ref().is_some_and(|(m, _)| {
+                mark.beat <= m.beat && (mark.public_key.is_empty() || m.address == mark.address)
+            })
+        {
+            // Our own beat relayed back: an echo, not a refusal worth counting.
+            return Err(Refusal::AboutSelf);
+        }
+        // A mark sent without its identity takes it from what we know.
+        let mark: Cow<'_, pb::Mark> = if mark.public_key.is_empty() {
+            let known = if mark.node == self.self_node {
+                self.own.as_ref().map(|(m, _)| m)
+            } else {
+                self.peers.get(&mark.node).map(|e| &e.mark)
+            };
+            let Some(k) = known else {
+                return Err(self.drop_mark(Refusal::UnknownIdentity));
+            };
+            let mut m = mark.clone();
+            m.public_key = k.public_key.clone();
+            m.address = k.address.clone();
+            m.labels = k.labels.clone();
+            Cow::Owned(m)
+        } else {
+            Cow::Borrowed(mark)
+        };
+        let mark: &pb::Mark = &mark;
         if let Err(r) = verify_mark(mark) {
             return Err(self.drop_mark(r));
         }
@@ -202,7 +365,7 @@ impl PeerTable {
         let direct = from == Some(mark.node.as_str());
         let change = match self.peers.get_mut(&mark.node) {
             None => {
-                if self.peers.len() >= self.cfg.max_runtimes {
+                if self.peers.len() >= self.cfg.max_runtimes && !self.evict_one(now) {
                     return Err(self.drop_mark(Refusal::TooManyRuntimes));
                 }
                 let mut e = Entry {
@@ -212,6 +375,8 @@ impl PeerTable {
                     reported: pb::PeerState::Alive,
                     restored_at: None,
                     direct_rx: direct.then_some(now),
+                    relayed_rx: (!direct).then_some(now),
+                    left_at: mark.left.then_some(now),
                 };
                 e.reported = state_of(&e, now, expiry);
                 self.peers.insert(mark.node.clone(), e);
@@ -221,7 +386,10 @@ impl PeerTable {
                 let restarted = mark.instance > e.mark.instance;
                 let before = e.reported;
                 if restarted {
-                    e.restarts = e.restarts.saturating_add(1);
+                    // Every instance between was a start too (a restart too
+                    // quick to beat here is still a restart).
+                    let starts = u32::try_from(mark.instance - e.mark.instance).unwrap_or(u32::MAX);
+                    e.restarts = e.restarts.saturating_add(starts);
                     e.seen_at = Some(seen);
                 } else {
                     // Never move freshness backwards for the same instance.
@@ -230,6 +398,13 @@ impl PeerTable {
                 e.mark = mark.clone();
                 if direct {
                     e.direct_rx = Some(now);
+                } else {
+                    e.relayed_rx = Some(now);
+                }
+                if mark.left {
+                    e.left_at = Some(now);
+                } else if restarted {
+                    e.left_at = None;
                 }
                 e.reported = state_of(e, now, expiry);
                 if restarted {
@@ -272,8 +447,41 @@ impl PeerTable {
                 out.push((node.clone(), change));
             }
         }
+        let forget = self.forget;
+        self.peers.retain(|_, e| {
+            e.dead_since(now, expiry)
+                .is_none_or(|d| now.saturating_duration_since(d) < forget)
+        });
         out.sort();
         out
+    }
+
+    /// Makes room in a full view: drops the entry dead the longest, or
+    /// failing that the one unreachable the longest. False when every entry
+    /// is `ALIVE` (the newcomer is refused: a flood bound). Dropping an
+    /// unreachable entry is safe for claims: its holder becomes unknown,
+    /// which is never dead here (the store lease decides).
+    fn evict_one(&mut self, now: Instant) -> bool {
+        let expiry = self.cfg.expiry;
+        let victim = self
+            .peers
+            .iter()
+            .filter_map(|(n, e)| match e.dead_since(now, expiry) {
+                Some(d) => Some((0u8, d, n)),
+                None if state_of(e, now, expiry) == pb::PeerState::Unreachable => {
+                    Some((1u8, e.seen_at.or(e.restored_at).unwrap_or(now), n))
+                }
+                None => None,
+            })
+            .min()
+            .map(|(_, _, n)| n.clone());
+        match victim {
+            Some(n) => {
+                self.peers.remove(&n);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Every mark worth relaying, with ages as seen from here: our own, and
@@ -289,7 +497,12 @@ impl PeerTable {
         for e in self.peers.values() {
             let Some(seen) = e.seen_at else { continue };
             let age = now.saturating_duration_since(seen);
-            if age >= expiry * 2 && !e.mark.left {
+            let since = if e.mark.left {
+                e.left_at.map_or(age, |l| now.saturating_duration_since(l))
+            } else {
+                age
+            };
+            if since >= expiry * 2 {
                 continue;
             }
             let mut m = e.mark.clone();
@@ -309,7 +522,9 @@ impl PeerTable {
             .is_some_and(|t| now.saturating_duration_since(t) <= expiry / 2);
         let link = if direct {
             pb::Link::Direct
-        } else if e.seen_at.is_some()
+        } else if e
+            .relayed_rx
+            .is_some_and(|t| now.saturating_duration_since(t) <= expiry / 2)
             && matches!(state, pb::PeerState::Alive | pb::PeerState::Unreachable)
         {
             pb::Link::Relayed
@@ -462,6 +677,9 @@ impl PeerTable {
             .map(|(i, _)| i)
     }
 }
+
+/// The default forget time, in expiries (10 s expiry: 5 minutes).
+pub const DEFAULT_FORGET_EXPIRIES: u32 = 30;
 
 fn state_of(e: &Entry, now: Instant, expiry: Duration) -> pb::PeerState {
     if e.mark.left {
@@ -892,6 +1110,147 @@ mod tests {
         assert_eq!(
             t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0),
             Err(Refusal::TooManyRuntimes)
+        );
+    }
+
+    #[test]
+    fn a_full_view_evicts_the_longest_dead_and_never_refuses_a_newcomer_for_them() {
+        let me = Identity::ephemeral(1);
+        let mut t = PeerTable::new(
+            TableConfig {
+                expiry: EXPIRY,
+                max_runtimes: 3,
+            },
+            &me.node,
+            1,
+        );
+        let t0 = Instant::now();
+        let (old, newer, live) = (
+            Identity::ephemeral(1),
+            Identity::ephemeral(1),
+            Identity::ephemeral(1),
+        );
+        t.ingest(&mark(&old, 1, 0), Some(&old.node), t0).unwrap();
+        t.ingest(&mark(&newer, 1, 0), Some(&newer.node), t0 + ms(500))
+            .unwrap();
+        t.ingest(&mark(&live, 1, 0), Some(&live.node), t0 + ms(2500))
+            .unwrap();
+        // At 2.6 s: `old` dead since 1.5 s, `newer` since 2.0 s, `live` alive.
+        let at = t0 + ms(2600);
+        let a = Identity::ephemeral(1);
+        assert_eq!(
+            t.ingest(&mark(&a, 1, 0), Some(&a.node), at),
+            Ok(Some(Change::Joined))
+        );
+        assert!(
+            t.peer(&old.node, at).is_none(),
+            "the longest dead goes first"
+        );
+        assert!(t.peer(&newer.node, at).is_some());
+        let b = Identity::ephemeral(1);
+        t.ingest(&mark(&b, 1, 0), Some(&b.node), at).unwrap();
+        assert!(t.peer(&newer.node, at).is_none());
+        // Only live entries now: a flood is still refused.
+        let c = Identity::ephemeral(1);
+        assert_eq!(
+            t.ingest(&mark(&c, 1, 0), Some(&c.node), at),
+            Err(Refusal::TooManyRuntimes)
+        );
+    }
+
+    /// The forget time's safety argument, checked: forgotten only after the
+    /// forget time (never earlier), gone from frames two expiries after
+    /// death (so nobody relays it when anyone forgets it), and a late stale
+    /// copy comes back `EXPIRED`, never `ALIVE`.
+    #[test]
+    fn the_long_dead_are_forgotten_and_cannot_come_back_alive() {
+        let me = Identity::ephemeral(1);
+        let forget = EXPIRY * 3;
+        let mut t = table(&me).with_forget(forget);
+        let t0 = Instant::now();
+        let (dead, gone) = (Identity::ephemeral(1), Identity::ephemeral(2));
+        t.ingest(&mark(&dead, 1, 0), Some(&dead.node), t0).unwrap();
+        let mut bye = sign_mark(&gone, 9, true, "x", &Default::default());
+        bye.age_ms = 0;
+        t.ingest(&bye, Some(&gone.node), t0).unwrap();
+        // `dead` is dead from t0 + expiry, `gone` from t0.
+        assert!(t.frame_marks(t0 + EXPIRY * 2 - ms(1)).len() == 2);
+        assert!(t.frame_marks(t0 + EXPIRY * 3).is_empty());
+        t.tick(t0 + forget - ms(1));
+        assert_eq!(t.len(), 2, "not before the forget time");
+        t.tick(t0 + forget);
+        assert!(t.peer(&gone.node, t0 + forget).is_none(), "left: forgotten");
+        assert!(t.peer(&dead.node, t0 + forget).is_some());
+        t.tick(t0 + EXPIRY + forget);
+        assert!(t.is_empty());
+        // A stale relayed copy of the dead one: EXPIRED at once.
+        let late = t0 + EXPIRY + forget + ms(1);
+        let mut stale = mark(&dead, 1, 0);
+        stale.age_ms = EXPIRY.as_millis() as i64;
+        t.ingest(&stale, Some("relay"), late).unwrap();
+        assert_eq!(state(&t, &dead.node, late), pb::PeerState::Expired);
+        // Our own persisted view shrank too.
+        assert_eq!(t.known_marks().len(), 1);
+    }
+
+    #[test]
+    fn left_is_final_for_an_instance() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::from_seed([7; 32], 3);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        let mut bye = sign_mark(&c, 5, true, "x", &Default::default());
+        bye.age_ms = 0;
+        t.ingest(&bye, Some(&c.node), t0).unwrap();
+        // A later beat of the same instance (a beat loop racing the leave).
+        assert_eq!(
+            t.ingest(&mark(&c, 6, 0), Some(&c.node), t0 + ms(5)),
+            Err(Refusal::NotNewer)
+        );
+        assert_eq!(state(&t, &c.node, t0 + ms(5)), pb::PeerState::Left);
+        assert!(t.tick(t0 + EXPIRY * 2).is_empty(), "no event after LEFT");
+        // A new instance is a restart.
+        let c2 = Identity::from_seed([7; 32], 4);
+        assert_eq!(
+            t.ingest(&mark(&c2, 1, 0), Some(&c.node), t0 + ms(10)),
+            Ok(Some(Change::Restarted))
+        );
+    }
+
+    #[test]
+    fn a_runtime_reached_only_directly_is_never_said_relayed() {
+        let me = Identity::ephemeral(1);
+        let b = Identity::ephemeral(1);
+        let mut t = table(&me);
+        let t0 = Instant::now();
+        t.ingest(&mark(&b, 1, 0), Some(&b.node), t0).unwrap();
+        let p = t.peer(&b.node, t0 + ms(800)).unwrap();
+        assert_eq!(p.state, pb::PeerState::Unreachable as i32);
+        assert_eq!(p.link, pb::Link::None as i32);
+    }
+
+    #[test]
+    fn relayed_beats_that_freshen_too_little_are_dropped_before_any_check() {
+        let me = Identity::ephemeral(1);
+        let c = Identity::ephemeral(1);
+        let mut t = table(&me).with_min_gain(ms(100));
+        let t0 = Instant::now();
+        t.ingest(&mark(&c, 1, 0), Some("b"), t0).unwrap();
+        // Newer, but seen only 50 ms later: not checked (a forged signature
+        // would not even be noticed), counted as not newer.
+        let mut forged = mark(&c, 2, 0);
+        forged.signature = vec![0; 64];
+        assert_eq!(
+            t.ingest(&forged, Some("d"), t0 + ms(50)),
+            Err(Refusal::NotNewer)
+        );
+        assert_eq!(t.drops().get(&Refusal::BadSignature), None);
+        // 100 ms fresher: checked and taken.
+        assert_eq!(t.ingest(&mark(&c, 2, 0), Some("d"), t0 + ms(100)), Ok(None));
+        // A direct beat is always taken.
+        assert_eq!(
+            t.ingest(&mark(&c, 3, 0), Some(&c.node), t0 + ms(110)),
+            Ok(None)
         );
     }
 }

@@ -345,6 +345,8 @@ mod tests {
                 max_frame_bytes: 1 << 20,
                 watch_buffer: 16,
                 max_links_per_peer: 4,
+                max_links: 8,
+                forget: Duration::from_secs(300),
                 tls: None,
                 bind_ip: None,
                 store_identity: String::new(),
