@@ -25,7 +25,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// sqlite://PATH, postgres://…?table=PREFIX, redis://…?strategy=lease|stream-id|idmp|script,
-    /// redis+cluster://H:P,H:P?strategy=…, amqp://…, nats://…
+    /// redis+cluster://H:P,H:P?strategy=…, redis+sentinel://H:P,H:P/MASTER?strategy=…,
+    /// amqp://…, nats://…
     /// [default: sqlite://<data-dir>/anarchon.db].
     #[arg(long, value_name = "URL")]
     pub backend: Option<String>,
