@@ -7,7 +7,10 @@
 //! its own subtransaction, so one that fails is answered with its own error
 //! and the others go on.
 //!
-//! A batch is gathered only from what is already queued when a connection
+//! A claim that arrives while nothing is queued or in flight runs alone, in
+//! the caller's own task, as one call of `<prefix>_claim`: a lone client pays
+//! neither the hop to the gathering task nor the batch's subtransaction. A
+//! batch is gathered only from what is already queued when a connection
 //! slot is free (`batches_in_flight` at once, `max_batch` claims each: URL
 //! options): a lone client never waits
 //! for a batch to fill. Claims of one batch share their dead-holder set (one
@@ -39,23 +42,47 @@ struct Pending {
 /// batches in flight are answered.
 pub(super) struct Batcher {
     queue: mpsc::Sender<Pending>,
+    /// Connection slots for claims: held by each batch in flight and by a
+    /// claim that runs alone.
+    slots: Arc<Semaphore>,
+    in_flight: usize,
+    pool: Arc<Pool>,
+    /// The `<prefix>_claim` call of a claim alone.
+    one: Arc<str>,
 }
 
 impl Batcher {
-    /// Starts the gathering task; `sql` is the `<prefix>_claim_batch` call.
+    /// Starts the gathering task; `sql` is the `<prefix>_claim_batch`
+    /// call, `one` the `<prefix>_claim` call.
     pub(super) fn start(
         pool: Arc<Pool>,
         sql: Arc<str>,
+        one: Arc<str>,
         max_batch: usize,
         in_flight: usize,
     ) -> Batcher {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(gather(pool, sql, rx, max_batch, in_flight));
-        Batcher { queue: tx }
+        let slots = Arc::new(Semaphore::new(in_flight));
+        tokio::spawn(gather(pool.clone(), sql, rx, max_batch, slots.clone()));
+        Batcher {
+            queue: tx,
+            slots,
+            in_flight,
+            pool,
+            one,
+        }
     }
 
-    /// One claim, answered when the batch it joined has committed.
+    /// One claim, answered when the batch it joined has committed, or at
+    /// once when it ran alone.
     pub(super) async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Attempt<ClaimAnswer> {
+        let idle = self.queue.capacity() == self.queue.max_capacity()
+            && self.slots.available_permits() == self.in_flight;
+        if idle {
+            if let Ok(_slot) = self.slots.try_acquire() {
+                return claim_one(&self.pool, &self.one, spec, dead).await;
+            }
+        }
         let (reply, answer) = oneshot::channel();
         let stopped = || {
             Fail::Final(Error::Unavailable(
@@ -81,9 +108,8 @@ async fn gather(
     sql: Arc<str>,
     mut queue: mpsc::Receiver<Pending>,
     max_batch: usize,
-    in_flight: usize,
+    slots: Arc<Semaphore>,
 ) {
-    let slots = Arc::new(Semaphore::new(in_flight));
     while let Some(first) = queue.recv().await {
         // Claims that arrive while every slot is busy join this batch.
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -144,6 +170,48 @@ fn missing() -> Fail {
     ))
 }
 
+/// A claim alone: one call of `<prefix>_claim`.
+async fn claim_one(
+    pool: &Pool,
+    sql: &str,
+    spec: &ClaimSpec,
+    dead: &DeadHolders,
+) -> Attempt<ClaimAnswer> {
+    let (dead_nodes, dead_instances) = dead_arrays(dead);
+    let (current_nodes, current_instances) = current_arrays(dead);
+    let mut conn = pool.acquire().await?;
+    let row = sqlx::query(sql)
+        .bind(spec.job.as_str())
+        .bind(spec.slot_ms)
+        .bind(spec.token.as_str())
+        .bind(spec.holder.node.as_str())
+        .bind(spec.holder.instance as i64)
+        .bind(spec.lease_ms)
+        .bind(spec.max_late_ms)
+        .bind(spec.overlap == Overlap::Skip)
+        .bind(spec.max_attempts as i64)
+        .bind(dead_nodes)
+        .bind(dead_instances)
+        .bind(current_nodes)
+        .bind(current_instances)
+        .fetch_one(&mut *conn)
+        .await?;
+    conn.done();
+    answer_of(&row, spec)
+}
+
+/// The unconditionally dead instances, as (nodes, instances) arrays.
+fn dead_arrays(dead: &DeadHolders) -> (Vec<&str>, Vec<i64>) {
+    dead.dead()
+        .map(|h| (h.node.as_str(), h.instance as i64))
+        .unzip()
+}
+
+/// The newest instance per node, as (nodes, instances) arrays.
+fn current_arrays(dead: &DeadHolders) -> (Vec<&str>, Vec<i64>) {
+    dead.current().map(|(n, &i)| (n.as_str(), i as i64)).unzip()
+}
+
 /// One call of `<prefix>_claim_batch`: per claim, its answer or its error.
 async fn call(
     pool: &Pool,
@@ -151,12 +219,8 @@ async fn call(
     specs: &[ClaimSpec],
     dead: &DeadHolders,
 ) -> Attempt<Vec<Option<Attempt<ClaimAnswer>>>> {
-    let (dead_nodes, dead_instances): (Vec<&str>, Vec<i64>) = dead
-        .dead()
-        .map(|h| (h.node.as_str(), h.instance as i64))
-        .unzip();
-    let (current_nodes, current_instances): (Vec<&str>, Vec<i64>) =
-        dead.current().map(|(n, &i)| (n.as_str(), i as i64)).unzip();
+    let (dead_nodes, dead_instances) = dead_arrays(dead);
+    let (current_nodes, current_instances) = current_arrays(dead);
     // [`flush`] gathered claims of one holder.
     let holder = &specs[0].holder;
     let mut conn = pool.acquire().await?;

@@ -111,6 +111,7 @@ impl PostgresStore {
             batcher: batch::Batcher::start(
                 pool.clone(),
                 sql.claim_batch.clone(),
+                sql.claim_one.clone(),
                 target.max_batch,
                 target.batches_in_flight,
             ),

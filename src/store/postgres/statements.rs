@@ -14,6 +14,9 @@ pub(super) struct Statements {
     /// `migrations/postgres/0006_claim_batch.sql`): per claim, its index in
     /// the arrays (from 1), its error or its decision and run.
     pub(super) claim_batch: Arc<str>,
+    /// One claim alone, one call of `<prefix>_claim` (same columns but the
+    /// index and error).
+    pub(super) claim_one: Arc<str>,
     /// The database's clock and the run, without a lock.
     pub(super) peek: String,
     /// The claim's first statement: upsert the job row (taking its lock),
@@ -65,6 +68,16 @@ impl Statements {
                 "DELETE FROM {liveness} WHERE (node, instance) IN (
                    SELECT node, instance FROM {liveness} WHERE updated_at_ms < $1 LIMIT $2)"
             ),
+            claim_one: format!(
+                "SELECT o_decision AS decision, o_now_ms AS now_ms,
+                   o_overlap_node AS overlap_node, o_overlap_instance AS overlap_instance,
+                   o_slot_ms AS slot_ms, o_state AS state, o_attempt AS attempt,
+                   o_fencing AS fencing, o_token AS token, o_holder_node AS holder_node,
+                   o_holder_instance AS holder_instance, o_lease_until_ms AS lease_until_ms,
+                   o_claimed_at_ms AS claimed_at_ms, o_finished_at_ms AS finished_at_ms
+                 FROM {p}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            )
+            .into(),
             claim_batch: format!(
                 "SELECT o_index AS idx, o_error AS error, o_decision AS decision, o_now_ms AS now_ms,
                    o_overlap_node AS overlap_node, o_overlap_instance AS overlap_instance,
