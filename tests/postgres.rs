@@ -634,3 +634,52 @@ async fn killed_connections_mid_run() {
     drop(sidecar);
     pg::drop_tables(&prefix).await;
 }
+
+/// Group commit (`<prefix>_claim_batch`): an element that fails (here a NULL
+/// token, which the runs table refuses) is rolled back alone and answered
+/// with its SQLSTATE; the elements before and after it are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_claim_does_not_fail_its_batch() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let _store = store::open(&pg::backend(&prefix), &StoreOptions::default())
+        .await
+        .unwrap();
+    let admin = pg::admin().await;
+    let slot = host_now_ms();
+    let rows = sqlx::query(&format!(
+        "SELECT o_index, o_error, o_decision FROM {prefix}_claim_batch(
+           ARRAY['g1', 'g2', 'g3'], ARRAY[$1, $1, $1]::bigint[],
+           ARRAY['t1', NULL, 't3'], 'n', 1,
+           ARRAY[30000, 30000, 30000]::bigint[], ARRAY[60000, 60000, 60000]::bigint[],
+           ARRAY[false, false, false], ARRAY[3, 3, 3]::bigint[],
+           '{{}}'::text[], '{{}}'::bigint[], '{{}}'::text[], '{{}}'::bigint[])"
+    ))
+    .bind(slot)
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    let got: Vec<(i32, Option<String>, Option<String>)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0], (1, None, Some("insert".into())));
+    assert!(
+        got[1].0 == 2 && got[1].1.as_deref().is_some_and(|e| e.starts_with("23502 ")),
+        "{got:?}"
+    );
+    assert_eq!(got[1].2, None);
+    assert_eq!(got[2], (3, None, Some("insert".into())));
+    let written: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT job FROM {prefix}_runs WHERE slot_ms = $1 ORDER BY job"
+    ))
+    .bind(slot)
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(written, ["g1", "g3"]);
+    pg::drop_tables(&prefix).await;
+}
