@@ -39,7 +39,7 @@ cargo fmt --all -- --check
 if [ "$quick" = 0 ]; then
   echo "== cargo clippy"
   cargo clippy --all-targets --locked -- -D warnings
-  echo "== cargo check --no-default-features (the sidecar without bench and mimalloc)"
+  echo "== cargo check --no-default-features (the sidecar without the bench subcommand)"
   cargo check --locked --no-default-features --bins
 fi
 echo "== cargo test"

@@ -3,13 +3,6 @@
 
 use clap::Parser;
 
-/// Every RPC allocates its request, its answer and its spans: mimalloc does
-/// that in fewer CPU µs per claim than glibc's allocator (measured in
-/// docs/BENCHMARKS.md). `--no-default-features` builds without it.
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> std::process::ExitCode {
     // The supervisor of a held command (see `anarchon::cli::group`): plain
     // blocking code, started by `hold` and `cron`, never by a user.
