@@ -6,6 +6,14 @@ use std::sync::Arc;
 use super::super::sql::{self, RUN_COLUMNS};
 
 /// The database's clock, in epoch milliseconds.
+/// What `<prefix>_claim` returns, under the names `answer_of` reads.
+const CLAIM_COLUMNS: &str = "o_decision AS decision, o_now_ms AS now_ms, \
+    o_overlap_node AS overlap_node, o_overlap_instance AS overlap_instance, \
+    o_slot_ms AS slot_ms, o_state AS state, o_attempt AS attempt, o_fencing AS fencing, \
+    o_token AS token, o_holder_node AS holder_node, o_holder_instance AS holder_instance, \
+    o_lease_until_ms AS lease_until_ms, o_claimed_at_ms AS claimed_at_ms, \
+    o_finished_at_ms AS finished_at_ms";
+
 pub(super) const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /// The statements, spelled once for the configured prefix.
@@ -69,22 +77,11 @@ impl Statements {
                    SELECT node, instance FROM {liveness} WHERE updated_at_ms < $1 LIMIT $2)"
             ),
             claim_one: format!(
-                "SELECT o_decision AS decision, o_now_ms AS now_ms,
-                   o_overlap_node AS overlap_node, o_overlap_instance AS overlap_instance,
-                   o_slot_ms AS slot_ms, o_state AS state, o_attempt AS attempt,
-                   o_fencing AS fencing, o_token AS token, o_holder_node AS holder_node,
-                   o_holder_instance AS holder_instance, o_lease_until_ms AS lease_until_ms,
-                   o_claimed_at_ms AS claimed_at_ms, o_finished_at_ms AS finished_at_ms
-                 FROM {p}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                "SELECT {CLAIM_COLUMNS} FROM {p}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
             )
             .into(),
             claim_batch: format!(
-                "SELECT o_index AS idx, o_error AS error, o_decision AS decision, o_now_ms AS now_ms,
-                   o_overlap_node AS overlap_node, o_overlap_instance AS overlap_instance,
-                   o_slot_ms AS slot_ms, o_state AS state, o_attempt AS attempt,
-                   o_fencing AS fencing, o_token AS token, o_holder_node AS holder_node,
-                   o_holder_instance AS holder_instance, o_lease_until_ms AS lease_until_ms,
-                   o_claimed_at_ms AS claimed_at_ms, o_finished_at_ms AS finished_at_ms
+                "SELECT o_index AS idx, o_error AS error, {CLAIM_COLUMNS}
                  FROM {p}_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
             )
             .into(),

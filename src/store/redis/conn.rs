@@ -191,25 +191,17 @@ impl ConnectionLike for Any {
 }
 
 /// Whether an error is a passing state of a failover: retried, then
-/// `UNAVAILABLE`.
+/// `UNAVAILABLE`. Every suspect connection is one; a loading, busy or
+/// reconfiguring cluster is one too.
 pub(crate) fn transient(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_refusal()
-        || e.is_connection_dropped()
-        || e.is_timeout()
+    suspect(e)
         || matches!(
             e.kind(),
-            ErrorKind::Io
-                | ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(
-                    ServerErrorKind::BusyLoading
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::ClusterDown
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                        | ServerErrorKind::Moved
-                        | ServerErrorKind::Ask
-                )
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+            )
         )
 }
 
