@@ -9,14 +9,38 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_anarchon");
 
 /// A free loopback port (bound then released).
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    free_addr_on(std::net::Ipv4Addr::LOCALHOST.into())
 }
 
-/// A free port on `ip` (bound then released).
+/// A free port on `ip` (bound then released), for a process started next.
+///
+/// Not the kernel's pick (`:0`): that comes from the ephemeral range, which
+/// every outgoing connection on the machine also draws its source port
+/// from, so a mesh dial could take the port before the sidecar binds it
+/// ("Address already in use"). These ports are counted up, from a start
+/// that differs per test process, through the 12,000 ports just below the
+/// ephemeral range, and each is checked by binding it.
 pub fn free_addr_on(ip: std::net::IpAddr) -> SocketAddr {
-    let l = TcpListener::bind((ip, 0)).unwrap();
-    l.local_addr().unwrap()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+    const SPAN: u32 = 12_000;
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if low <= SPAN + 1024 {
+        let l = TcpListener::bind((ip, 0)).unwrap();
+        return l.local_addr().unwrap();
+    }
+    let next = NEXT.get_or_init(|| AtomicU32::new(std::process::id().wrapping_mul(7919)));
+    for _ in 0..SPAN {
+        let port = (low - SPAN + next.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if let Ok(l) = TcpListener::bind((ip, port)) {
+            return l.local_addr().unwrap();
+        }
+    }
+    panic!("no free port below the ephemeral range on {ip}");
 }
 
 /// A plain blocking HTTP/1.1 GET; returns the body.
