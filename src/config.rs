@@ -38,160 +38,188 @@ impl ConfigError {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    /// gRPC address for applications and peers.
-    pub listen: SocketAddr,
-    /// Admin HTTP address (`/healthz`, `/readyz`, `/metrics`).
-    pub admin_listen: SocketAddr,
-    /// Node key, instance counter, known peers, SQLite file.
-    pub data_dir: PathBuf,
-    /// Backend URL; empty = `sqlite://<data_dir>/anarchon.db`.
-    pub backend: String,
-    /// Peer gRPC addresses.
-    #[serde(deserialize_with = "string_or_list")]
-    pub peer: Vec<String>,
-    /// DNS names (NAME:PORT) re-resolved for peers.
-    #[serde(deserialize_with = "string_or_list")]
-    pub peer_dns: Vec<String>,
-    /// The address peers should dial; empty = `listen`.
-    pub advertise: String,
-    pub heartbeat_ms: u64,
-    pub expiry_ms: u64,
-    /// Default lease of a claim.
-    pub lease_ms: u64,
-    /// Largest lease a caller may ask for.
-    pub max_lease_ms: u64,
-    /// Default lateness allowed after a slot.
-    pub max_late_ms: u64,
-    /// Default attempts before a run is interrupted.
-    pub max_attempts: u32,
-    /// Default overlap policy: `allow` or `skip`.
-    pub overlap: String,
-    /// Largest `wait_ms` a caller may ask for.
-    pub max_wait_ms: u64,
-    /// A claim of a slot further than this ahead of the store's clock is
-    /// `INVALID_ARGUMENT` (a typo, `i64::MAX`, a poison slot).
-    pub max_future_ms: u64,
-    /// Labels shown to peers (`K=V` strings or a table).
-    #[serde(deserialize_with = "labels")]
-    pub label: BTreeMap<String, String>,
-    /// How long runs are kept (never less than max_late + 1 h).
-    pub retention_ms: u64,
-    /// SQLite: how long a writer waits for the lock.
-    pub busy_timeout_ms: u64,
-    /// How long SIGTERM waits for in-flight requests.
-    pub drain_ms: u64,
-    /// `plain` or `json`.
-    pub log_format: String,
-    /// Most runtimes the mesh keeps track of.
-    pub max_runtimes: usize,
-    /// Largest sync frame accepted, in bytes.
-    pub max_frame_bytes: usize,
-    /// Events a `WatchPeers` client may fall behind before it is cut off.
-    pub watch_buffer: usize,
-    /// Largest application request, in bytes.
-    pub max_request_bytes: usize,
-    /// Requests served at once on one connection (more wait).
-    pub max_concurrent_per_connection: usize,
-    /// Open `Hold` streams allowed per client address.
-    pub max_holds_per_client: usize,
-    /// `Sync` links accepted at once from one peer runtime.
-    pub max_links_per_peer: usize,
-    /// Links a runtime aims to keep (it dials about half); the rest of the
-    /// mesh is reached through relay.
-    pub max_links: usize,
-    /// `LEFT` or `EXPIRED` runtimes are forgotten after this long (raised to
-    /// 3 × expiry_ms if shorter).
-    pub forget_ms: u64,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub tls_client_ca: Option<PathBuf>,
-    pub mesh_secret_file: Option<PathBuf>,
-    pub auth_token_file: Option<PathBuf>,
+/// Declares every configuration key once: its doc (which is also its flag's
+/// help), its type, its default and its flag. From that one list come the
+/// typed [`Config`] with its `Default`, the `serve`/`check` flags
+/// ([`ConfigFlags`], one `--key-name` per key, whose help shows the default)
+/// and [`KEYS`] (the environment filter).
+macro_rules! config_keys {
+    ($(
+        $(#[doc = $doc:literal])*
+        $(#[serde($($serde:tt)*)])?
+        $key:ident: $ty:ty = $default:expr, flag $flag:ty, $value_name:literal;
+    )*) => {
+        /// The one typed configuration.
+        #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Config {
+            $( $(#[doc = $doc])* $(#[serde($($serde)*)])? pub $key: $ty, )*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config { $( $key: $default, )* }
+            }
+        }
+
+        /// One flag per key, named after it. A flag that was not given is
+        /// `None` (or empty) and overrides nothing.
+        #[derive(Debug, Default, Clone, clap::Args, Serialize)]
+        pub struct ConfigFlags {
+            $(
+                $(#[doc = $doc])*
+                #[arg(long, value_name = $value_name)]
+                #[serde(skip_serializing_if = "Given::absent")]
+                pub $key: $flag,
+            )*
+        }
+
+        /// Every key, in declaration order.
+        pub const KEYS: &[&str] = &[$(stringify!($key)),*];
+    };
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
-            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
-            data_dir: PathBuf::from("./anarchon-data"),
-            backend: String::new(),
-            peer: Vec::new(),
-            peer_dns: Vec::new(),
-            advertise: String::new(),
-            heartbeat_ms: 1_000,
-            expiry_ms: 10_000,
-            lease_ms: 30_000,
-            max_lease_ms: 24 * 3_600_000,
-            max_late_ms: 60_000,
-            max_attempts: 3,
-            overlap: "allow".into(),
-            max_wait_ms: 300_000,
-            max_future_ms: 24 * 3_600_000,
-            label: BTreeMap::new(),
-            retention_ms: 7 * 24 * 3_600_000,
-            busy_timeout_ms: 5_000,
-            drain_ms: 5_000,
-            log_format: "plain".into(),
-            max_runtimes: 1024,
-            max_frame_bytes: 4 << 20,
-            watch_buffer: 256,
-            max_request_bytes: 64 << 10,
-            max_concurrent_per_connection: 256,
-            max_holds_per_client: 1024,
-            max_links_per_peer: 4,
-            max_links: 8,
-            forget_ms: 300_000,
-            tls_cert: None,
-            tls_key: None,
-            tls_client_ca: None,
-            mesh_secret_file: None,
-            auth_token_file: None,
-        }
+config_keys! {
+    /// gRPC address for applications and peers (port 0: any free port; see
+    /// --ready-file).
+    listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 50051)), flag Option<String>, "ADDR";
+    /// Admin HTTP address (`/healthz`, `/readyz`, `/metrics`, the dashboard).
+    admin_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 9464)), flag Option<String>, "ADDR";
+    /// Node key, instance counter, known peers, SQLite file.
+    data_dir: PathBuf = PathBuf::from("./anarchon-data"), flag Option<PathBuf>, "DIR";
+    /// sqlite://PATH, postgres://…?table=PREFIX, redis://…?strategy=lease|stream-id|idmp|script,
+    /// redis+cluster://H:P,H:P?strategy=…, redis+sentinel://H:P,H:P/MASTER?strategy=…,
+    /// amqp://…, nats://… (empty: sqlite://<data-dir>/anarchon.db).
+    backend: String = String::new(), flag Option<String>, "URL";
+    /// A peer's gRPC address; repeatable.
+    #[serde(deserialize_with = "string_or_list")]
+    peer: Vec<String> = Vec::new(), flag Vec<String>, "ADDR";
+    /// A DNS name NAME:PORT re-resolved for peers; repeatable.
+    #[serde(deserialize_with = "string_or_list")]
+    peer_dns: Vec<String> = Vec::new(), flag Vec<String>, "NAME:PORT";
+    /// The address peers should dial (empty: --listen).
+    advertise: String = String::new(), flag Option<String>, "ADDR";
+    /// Heartbeat period.
+    heartbeat_ms: u64 = 1_000, flag Option<u64>, "N";
+    /// A peer silent this long is expired.
+    expiry_ms: u64 = 10_000, flag Option<u64>, "N";
+    /// Links kept with other runtimes (it dials about half); the rest of the
+    /// mesh is reached through relay.
+    max_links: usize = 8, flag Option<usize>, "N";
+    /// Default lease of a claim.
+    lease_ms: u64 = 30_000, flag Option<u64>, "N";
+    /// Largest lease a caller may ask for.
+    max_lease_ms: u64 = 24 * 3_600_000, flag Option<u64>, "N";
+    /// Default lateness allowed after a slot.
+    max_late_ms: u64 = 60_000, flag Option<u64>, "N";
+    /// Default attempts before a run is interrupted.
+    max_attempts: u32 = 3, flag Option<u32>, "N";
+    /// Default overlap policy: allow or skip.
+    overlap: Overlap = Overlap::Allow, flag Option<String>, "POLICY";
+    /// Largest wait_ms a caller may ask for.
+    max_wait_ms: u64 = 300_000, flag Option<u64>, "N";
+    /// A claim of a slot further than this ahead of the store's clock is
+    /// refused with INVALID_ARGUMENT (a typo, i64::MAX, a poison slot).
+    max_future_ms: u64 = 24 * 3_600_000, flag Option<u64>, "N";
+    /// A label K=V shown to peers; repeatable (a table in the file).
+    #[serde(deserialize_with = "labels")]
+    label: BTreeMap<String, String> = BTreeMap::new(), flag Vec<String>, "K=V";
+    /// How long runs are kept (never less than max_late_ms + 1 h).
+    retention_ms: u64 = 7 * 24 * 3_600_000, flag Option<u64>, "N";
+    /// SQLite: how long a writer waits for the lock.
+    busy_timeout_ms: u64 = 5_000, flag Option<u64>, "N";
+    /// How long SIGTERM waits for in-flight requests.
+    drain_ms: u64 = 5_000, flag Option<u64>, "N";
+    /// Log format: plain or json.
+    log_format: LogFormat = LogFormat::Plain, flag Option<String>, "FORMAT";
+    /// Most runtimes the mesh keeps track of.
+    max_runtimes: usize = 1024, flag Option<usize>, "N";
+    /// Largest sync frame accepted from a peer, in bytes.
+    max_frame_bytes: usize = 4 << 20, flag Option<usize>, "BYTES";
+    /// Events a WatchPeers client may fall behind before it is cut off.
+    watch_buffer: usize = 256, flag Option<usize>, "N";
+    /// Largest application request, in bytes.
+    max_request_bytes: usize = 64 << 10, flag Option<usize>, "BYTES";
+    /// Requests served at once on one connection (more wait).
+    max_concurrent_per_connection: usize = 256, flag Option<usize>, "N";
+    /// Open Hold streams allowed per client address.
+    max_holds_per_client: usize = 1024, flag Option<usize>, "N";
+    /// Sync links accepted at once from one peer runtime.
+    max_links_per_peer: usize = 4, flag Option<usize>, "N";
+    /// LEFT or EXPIRED runtimes are forgotten after this long (raised to
+    /// 3 × expiry_ms if shorter).
+    forget_ms: u64 = 300_000, flag Option<u64>, "N";
+    /// TLS certificate (PEM) for the gRPC listener.
+    tls_cert: Option<PathBuf> = None, flag Option<PathBuf>, "FILE";
+    /// TLS private key (PEM).
+    tls_key: Option<PathBuf> = None, flag Option<PathBuf>, "FILE";
+    /// Require client certificates signed by this CA (mTLS).
+    tls_client_ca: Option<PathBuf> = None, flag Option<PathBuf>, "FILE";
+    /// Peers must present this secret in the hello.
+    mesh_secret_file: Option<PathBuf> = None, flag Option<PathBuf>, "FILE";
+    /// Applications must send `authorization: Bearer <token>`.
+    auth_token_file: Option<PathBuf> = None, flag Option<PathBuf>, "FILE";
+}
+
+/// The log format (`log_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Plain,
+    Json,
+}
+
+/// Whether a flag was given (`skip_serializing_if` of [`ConfigFlags`]).
+trait Given {
+    fn absent(&self) -> bool;
+}
+
+impl<T> Given for Option<T> {
+    fn absent(&self) -> bool {
+        self.is_none()
     }
 }
 
-/// Every key, for the environment filter.
-const KEYS: &[&str] = &[
-    "listen",
-    "admin_listen",
-    "data_dir",
-    "backend",
-    "peer",
-    "peer_dns",
-    "advertise",
-    "heartbeat_ms",
-    "expiry_ms",
-    "lease_ms",
-    "max_lease_ms",
-    "max_late_ms",
-    "max_attempts",
-    "overlap",
-    "max_wait_ms",
-    "max_future_ms",
-    "label",
-    "retention_ms",
-    "busy_timeout_ms",
-    "drain_ms",
-    "log_format",
-    "max_runtimes",
-    "max_frame_bytes",
-    "watch_buffer",
-    "max_request_bytes",
-    "max_concurrent_per_connection",
-    "max_holds_per_client",
-    "max_links_per_peer",
-    "max_links",
-    "forget_ms",
-    "tls_cert",
-    "tls_key",
-    "tls_client_ca",
-    "mesh_secret_file",
-    "auth_token_file",
-];
+impl<T> Given for Vec<T> {
+    fn absent(&self) -> bool {
+        self.is_empty()
+    }
+}
+
+impl ConfigFlags {
+    /// The flags that were given, as config keys (the top layer of
+    /// [`Config::load`]).
+    pub fn overrides(&self) -> Result<serde_json::Map<String, serde_json::Value>, ConfigError> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(m)) => Ok(m),
+            Ok(_) => Ok(Default::default()),
+            Err(e) => Err(ConfigError::new("config", format!("a flag's value: {e}"))),
+        }
+    }
+
+    /// `cmd` (a subcommand that flattens [`ConfigFlags`]) with each flag's
+    /// help ending in its default, taken from [`Config::default`].
+    pub fn show_defaults(mut cmd: clap::Command) -> clap::Command {
+        let defaults = serde_json::to_value(Config::default()).unwrap_or_default();
+        for key in KEYS {
+            let shown = match defaults.get(key) {
+                Some(serde_json::Value::Number(n)) => n.to_string(),
+                Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+                _ => continue,
+            };
+            cmd = cmd.mut_arg(*key, |arg| {
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                let arg = arg.help(format!("{help} [default: {shown}]"));
+                match arg.get_long_help().map(|h| h.to_string()) {
+                    Some(long) => arg.long_help(format!("{long} [default: {shown}]")),
+                    None => arg,
+                }
+            });
+        }
+        cmd
+    }
+}
 
 fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
@@ -334,10 +362,6 @@ impl Config {
         if self.max_attempts == 0 {
             return Err(err("max_attempts", "must be at least 1"));
         }
-        Overlap::parse(&self.overlap).map_err(|_| err("overlap", "must be allow or skip"))?;
-        if !matches!(self.log_format.as_str(), "plain" | "json") {
-            return Err(err("log_format", "must be plain or json"));
-        }
         if self.max_runtimes == 0 {
             return Err(err("max_runtimes", "must be at least 1"));
         }
@@ -430,10 +454,6 @@ impl Config {
     pub fn retention(&self) -> Duration {
         Duration::from_millis(self.retention_ms.max(self.max_late_ms + 3_600_000))
     }
-
-    pub fn overlap(&self) -> Overlap {
-        Overlap::parse(&self.overlap).unwrap_or_default()
-    }
 }
 
 #[cfg(test)]
@@ -510,6 +530,86 @@ mod tests {
             let e = Config::load(None, flags(v.clone())).unwrap_err();
             assert_eq!(e.key, key, "{v} -> {e}");
         }
+    }
+
+    #[test]
+    fn every_key_has_one_flag_showing_its_default() {
+        use clap::{Args, Command};
+        let cmd = ConfigFlags::show_defaults(ConfigFlags::augment_args(Command::new("serve")));
+        let mut longs: Vec<String> = cmd
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(str::to_owned))
+            .collect();
+        let mut keys: Vec<String> = KEYS.iter().map(|k| k.replace('_', "-")).collect();
+        longs.sort();
+        keys.sort();
+        assert_eq!(longs, keys, "one flag per key");
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        assert_eq!(
+            defaults.as_object().map(|m| m.len()),
+            Some(KEYS.len()),
+            "KEYS lists every field"
+        );
+        let help = |id: &str| {
+            cmd.get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default()
+        };
+        assert!(
+            help("heartbeat_ms").ends_with("[default: 1000]"),
+            "{}",
+            help("heartbeat_ms")
+        );
+        assert!(
+            help("overlap").ends_with("[default: allow]"),
+            "{}",
+            help("overlap")
+        );
+        assert!(help("log_format").ends_with("[default: plain]"));
+        assert!(
+            !help("backend").contains("[default:"),
+            "an empty default is not shown"
+        );
+    }
+
+    #[test]
+    fn only_given_flags_override() {
+        use clap::{Args, Command, FromArgMatches};
+        let cmd = ConfigFlags::augment_args(Command::new("serve"));
+        let m = cmd
+            .try_get_matches_from([
+                "serve",
+                "--heartbeat-ms",
+                "200",
+                "--peer",
+                "a:1",
+                "--peer",
+                "b:2",
+                "--overlap",
+                "SKIP",
+            ])
+            .unwrap();
+        let flags = ConfigFlags::from_arg_matches(&m).unwrap();
+        let o = flags.overrides().unwrap();
+        let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["heartbeat_ms", "overlap", "peer"]);
+        let c = Config::load(None, o).unwrap();
+        assert_eq!(c.heartbeat_ms, 200);
+        assert_eq!(c.peer, ["a:1", "b:2"]);
+        assert_eq!(c.overlap, Overlap::Skip);
+        assert_eq!(c.expiry_ms, Config::default().expiry_ms);
+    }
+
+    #[test]
+    fn enums_name_their_key() {
+        let e = Config::load(None, flags(json!({"log_format": "xml"}))).unwrap_err();
+        assert_eq!(e.key, "log_format", "{e}");
+        assert!(e.message.contains("plain, json"), "{e}");
+        let c = Config::load(None, flags(json!({"log_format": "json"}))).unwrap();
+        assert_eq!(c.log_format, LogFormat::Json);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use tracing_subscriber::{fmt, EnvFilter};
 
 /// Installs the global subscriber. Calling it twice is harmless.
-pub fn init(format: &str) {
+pub fn init(format: crate::config::LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = fmt()
         .with_env_filter(filter)
@@ -17,7 +17,7 @@ pub fn init(format: &str) {
             std::io::stderr().is_terminal(),
             std::env::var_os("NO_COLOR"),
         ));
-    let _ = if format == "json" {
+    let _ = if format == crate::config::LogFormat::Json {
         builder.json().flatten_event(true).try_init()
     } else {
         builder.try_init()

@@ -104,6 +104,13 @@ pub enum Overlap {
 }
 
 impl Overlap {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overlap::Allow => "allow",
+            Overlap::Skip => "skip",
+        }
+    }
+
     pub fn parse(s: &str) -> Result<Overlap> {
         match s.to_ascii_lowercase().as_str() {
             "allow" => Ok(Overlap::Allow),
@@ -113,6 +120,21 @@ impl Overlap {
                 format!("{s:?} is not allow or skip"),
             )),
         }
+    }
+}
+
+/// As the config key `overlap`: `allow` or `skip`, in any case.
+impl serde::Serialize for Overlap {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Overlap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Overlap::parse(&s)
+            .map_err(|_| serde::de::Error::custom(format!("{s:?} is not allow or skip")))
     }
 }
 

@@ -15,7 +15,7 @@ mod serve;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use client::{connect, outcome_name, print_status};
 
@@ -136,6 +136,19 @@ pub struct ClientOpts {
     /// The private key (PEM) of --tls-client-cert.
     #[arg(long, value_name = "FILE", requires = "tls_client_cert")]
     pub tls_client_key: Option<PathBuf>,
+}
+
+/// The command line, with each config flag's help showing its default
+/// (from [`crate::Config::default`], where it is declared).
+pub fn command() -> clap::Command {
+    Cli::command()
+        .mut_subcommand("serve", crate::config::ConfigFlags::show_defaults)
+        .mut_subcommand("check", crate::config::ConfigFlags::show_defaults)
+}
+
+/// Parses the process's arguments with [`command`]; exits on a usage error.
+pub fn parse() -> Cli {
+    Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit())
 }
 
 pub fn main(cli: Cli) -> ExitCode {

@@ -13,6 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{field::Empty, Instrument};
 
+use super::convert;
 use super::metrics::{Metrics, OutcomeLabels, RpcLabels};
 use super::runs::RunFeed;
 use super::validate::{self, ClaimDefaults};
@@ -117,11 +118,11 @@ impl ClaimsState {
     /// The claim with its optional wait, bounded by the client's deadline.
     async fn claim(
         &self,
-        v: &validate::ValidClaim,
+        valid: &validate::ValidClaim,
         deadline: Option<Instant>,
     ) -> Result<(ClaimAnswer, i64)> {
         let started = Instant::now();
-        let wait_end = started + Duration::from_millis(v.wait_ms as u64);
+        let wait_end = started + Duration::from_millis(valid.wait_ms as u64);
         // Leave room to answer before the client's deadline.
         let wait_end = match deadline {
             Some(d) => wait_end.min(d.checked_sub(Duration::from_millis(20)).unwrap_or(d)),
@@ -132,24 +133,25 @@ impl ClaimsState {
         loop {
             let bound = self.promise()?;
             let dead = self.guard.dead_for_claims();
-            let a = with_deadline(deadline, self.store.claim(&v.spec, &dead)).await?;
+            let answer = with_deadline(deadline, self.store.claim(&valid.spec, &dead)).await?;
             let now = Instant::now();
-            let valid_for = if a.outcome == Outcome::Won {
-                self.bound_win(&v.spec, &a, bound, now).await?
+            let valid_for = if answer.outcome == Outcome::Won {
+                self.bound_win(&valid.spec, &answer, bound, now).await?
             } else {
                 0
             };
-            if a.outcome != Outcome::Running
-                || v.wait_ms == 0
+            if answer.outcome != Outcome::Running
+                || valid.wait_ms == 0
                 || !self.store.info().leases
                 || now >= wait_end
                 || *shutdown.borrow()
             {
-                return Ok((a, valid_for));
+                return Ok((answer, valid_for));
             }
             // Wake when something is released here, when the lease lapses
             // (store clock), or at the poll interval for changes elsewhere.
-            let lease_left = Duration::from_millis((a.lease_until_ms - a.now_ms).max(0) as u64 + 1);
+            let lease_left =
+                Duration::from_millis((answer.lease_until_ms - answer.now_ms).max(0) as u64 + 1);
             let nap = (wait_end - now).min(lease_left).min(self.poll);
             tokio::select! {
                 _ = changed.changed() => {}
@@ -179,11 +181,11 @@ impl ClaimsState {
     async fn bound_win(
         &self,
         spec: &ClaimSpec,
-        a: &ClaimAnswer,
+        answer: &ClaimAnswer,
         bound: Bound,
         now: Instant,
     ) -> Result<i64> {
-        match bound.cap_ms(now, a.valid_for_ms()) {
+        match bound.cap_ms(now, answer.valid_for_ms()) {
             Some(cap) => Ok(cap),
             None => {
                 if let Err(e) = self.end_lease(spec).await {
@@ -223,18 +225,18 @@ impl ClaimsState {
     }
 
     /// Counts an answer; a win also goes to the dashboard's run feed.
-    fn count(&self, op: &'static str, spec: &ClaimSpec, a: &ClaimAnswer) {
-        if a.outcome == Outcome::Won {
-            self.runs.won(op, spec, a);
+    fn count(&self, op: &'static str, spec: &ClaimSpec, answer: &ClaimAnswer) {
+        if answer.outcome == Outcome::Won {
+            self.runs.won(op, spec, answer);
         }
         self.metrics
             .claims
             .get_or_create(&OutcomeLabels {
-                outcome: a.outcome.as_str(),
+                outcome: answer.outcome.as_str(),
                 backend: self.store.info().backend,
             })
             .inc();
-        if a.outcome == Outcome::Won && a.attempt > 1 {
+        if answer.outcome == Outcome::Won && answer.attempt > 1 {
             self.metrics.takeovers.inc();
         }
     }
@@ -269,8 +271,8 @@ async fn with_deadline<T>(
 
 /// The client's deadline, from the `grpc-timeout` header.
 fn deadline<T>(req: &Request<T>) -> Option<Instant> {
-    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let header = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (num, unit) = header.split_at(header.len().checked_sub(1)?);
     let n: u64 = num.parse().ok()?;
     let d = match unit {
         "H" => Duration::from_secs(n.saturating_mul(3600)),
@@ -289,133 +291,149 @@ pub struct ClaimsService(pub Arc<ClaimsState>);
 
 type HoldStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::HoldEvent, Status>> + Send>>;
 
+impl ClaimsState {
+    /// Runs one RPC's body inside `span` (which carries `job`, `slot` and
+    /// an empty `outcome`): times it, records the outcome the body names
+    /// (or the error's kind), counts errors and maps them to a status. Every
+    /// `Claims` RPC goes through here.
+    async fn rpc<T>(
+        &self,
+        rpc: &'static str,
+        span: tracing::Span,
+        body: impl std::future::Future<Output = Result<(T, &'static str)>>,
+    ) -> Result<T, Status> {
+        let started = Instant::now();
+        async move {
+            let answer = body.await;
+            self.observe(rpc, started);
+            match answer {
+                Ok((reply, outcome)) => {
+                    tracing::Span::current().record("outcome", outcome);
+                    Ok(reply)
+                }
+                Err(e) => {
+                    tracing::Span::current().record("outcome", e.kind());
+                    Err(self.fail(e))
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The claim of `Claim` and `Hold`: validated, decided (with its wait),
+    /// counted. Returns the valid request, the answer and its `valid_for_ms`.
+    async fn claim_counted(
+        &self,
+        op: &'static str,
+        req: &pb::ClaimRequest,
+        deadline: Option<Instant>,
+    ) -> Result<((validate::ValidClaim, ClaimAnswer, i64), &'static str)> {
+        let valid = validate::claim(req, &self.defaults, &self.holder)?;
+        let (answer, valid_for_ms) = self.claim(&valid, deadline).await?;
+        self.count(op, &valid.spec, &answer);
+        tracing::debug!(attempt = answer.attempt, "{op} answered");
+        let outcome = answer.outcome.as_str();
+        Ok(((valid, answer, valid_for_ms), outcome))
+    }
+
+    /// A `ClaimResponse` for `answer`, with the self-fence's `valid_for_ms`.
+    fn claim_pb(&self, answer: &ClaimAnswer, valid_for_ms: i64) -> pb::ClaimResponse {
+        pb::ClaimResponse {
+            valid_for_ms,
+            ..convert::answer_pb(answer, self.store.info().backend)
+        }
+    }
+}
+
+/// The span of a `Claims` RPC: its job and slot, and the outcome to come.
+macro_rules! rpc_span {
+    ($name:literal, $job:expr, $slot:expr) => {
+        tracing::info_span!($name, job = %$job, slot = $slot, outcome = Empty)
+    };
+}
+
 #[tonic::async_trait]
 impl pb::claims_server::Claims for ClaimsService {
     async fn claim(
         &self,
         request: Request<pb::ClaimRequest>,
     ) -> Result<Response<pb::ClaimResponse>, Status> {
-        let s = &self.0;
-        let started = Instant::now();
+        let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span =
-            tracing::info_span!("claim", job = %req.job, slot = req.slot_ms, outcome = Empty);
-        async move {
-            let res = match validate::claim(&req, &s.defaults, &s.holder) {
-                Ok(v) => s.claim(&v, deadline).await.map(|a| (v, a)),
-                Err(e) => Err(e),
-            };
-            s.observe("claim", started);
-            match res {
-                Ok((v, (a, valid_for_ms))) => {
-                    tracing::Span::current().record("outcome", a.outcome.as_str());
-                    s.count("claim", &v.spec, &a);
-                    tracing::debug!(attempt = a.attempt, "claim answered");
-                    Ok(Response::new(pb::ClaimResponse {
-                        valid_for_ms,
-                        ..validate::answer_pb(&a, s.store.info().backend)
-                    }))
-                }
-                Err(e) => {
-                    tracing::Span::current().record("outcome", e.kind());
-                    Err(s.fail(e))
-                }
-            }
-        }
-        .instrument(span)
-        .await
+        let span = rpc_span!("claim", req.job, req.slot_ms);
+        let (_, answer, valid_for_ms) = state
+            .rpc("claim", span, state.claim_counted("claim", &req, deadline))
+            .await?;
+        Ok(Response::new(state.claim_pb(&answer, valid_for_ms)))
     }
 
     async fn renew(
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
-        let s = &self.0;
-        let started = Instant::now();
+        let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span =
-            tracing::info_span!("renew", job = %req.job, slot = req.slot_ms, outcome = Empty);
-        async move {
-            let res = async {
-                let spec = validate::renew(&req, &s.defaults)?;
-                let Some(leases) = s.store.leases() else {
-                    return Err(Error::NoLeases(s.store.info().backend));
-                };
-                let bound = s.promise()?;
-                let dead = s.guard.dead_holders();
-                let r = with_deadline(deadline, leases.renew(&spec, &dead)).await?;
-                let valid_for = bound
-                    .cap_ms(Instant::now(), (r.lease_until_ms - r.now_ms).max(0))
-                    .ok_or_else(|| {
-                        Error::Unavailable(
-                            "this sidecar's liveness confirmation ran out during the renewal"
-                                .into(),
-                        )
-                    })?;
-                Ok((r, valid_for))
-            }
-            .await;
-            s.observe("renew", started);
-            match res {
-                Ok((r, valid_for_ms)) => {
-                    tracing::Span::current().record("outcome", "renewed");
-                    s.metrics.renewals.inc();
-                    Ok(Response::new(pb::RenewResponse {
-                        lease_until_ms: r.lease_until_ms,
-                        attempt: r.attempt,
-                        valid_for_ms,
-                        fencing: r.fencing,
-                    }))
-                }
-                Err(e) => {
-                    tracing::Span::current().record("outcome", e.kind());
-                    s.note_fenced("renew", &req.job, req.slot_ms, &e);
-                    Err(s.fail(e))
-                }
-            }
-        }
-        .instrument(span)
-        .await
+        let span = rpc_span!("renew", req.job, req.slot_ms);
+        let body = async {
+            let spec = validate::renew(&req, &state.defaults)?;
+            let Some(leases) = state.store.leases() else {
+                return Err(Error::NoLeases(state.store.info().backend));
+            };
+            let bound = state.promise()?;
+            let dead = state.guard.dead_holders();
+            let renewed = with_deadline(deadline, leases.renew(&spec, &dead)).await?;
+            let valid_for_ms = bound
+                .cap_ms(
+                    Instant::now(),
+                    (renewed.lease_until_ms - renewed.now_ms).max(0),
+                )
+                .ok_or_else(|| {
+                    Error::Unavailable(
+                        "this sidecar's liveness confirmation ran out during the renewal".into(),
+                    )
+                })?;
+            state.metrics.renewals.inc();
+            let reply = pb::RenewResponse {
+                lease_until_ms: renewed.lease_until_ms,
+                attempt: renewed.attempt,
+                valid_for_ms,
+                fencing: renewed.fencing,
+            };
+            Ok((reply, "renewed"))
+        };
+        let body = async {
+            body.await
+                .inspect_err(|e| state.note_fenced("renew", &req.job, req.slot_ms, e))
+        };
+        Ok(Response::new(state.rpc("renew", span, body).await?))
     }
 
     async fn release(
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let s = &self.0;
-        let started = Instant::now();
+        let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span =
-            tracing::info_span!("release", job = %req.job, slot = req.slot_ms, outcome = Empty);
-        async move {
-            let res = async {
-                let spec = validate::release(&req)?;
-                let dead = s.guard.dead_holders();
-                with_deadline(deadline, s.store.release(&spec, &dead)).await?;
-                Ok::<_, Error>(spec)
-            }
-            .await;
-            s.observe("release", started);
-            match res {
-                Ok(spec) => {
-                    tracing::Span::current().record("outcome", "released");
-                    s.notify(&spec.job, spec.slot_ms);
-                    s.runs
-                        .released(spec.job.as_str(), spec.slot_ms, spec.result);
-                    Ok(Response::new(pb::ReleaseResponse {}))
-                }
-                Err(e) => {
-                    tracing::Span::current().record("outcome", e.kind());
-                    s.note_fenced("release", &req.job, req.slot_ms, &e);
-                    Err(s.fail(e))
-                }
-            }
-        }
-        .instrument(span)
-        .await
+        let span = rpc_span!("release", req.job, req.slot_ms);
+        let body = async {
+            let spec = validate::release(&req)?;
+            let dead = state.guard.dead_holders();
+            with_deadline(deadline, state.store.release(&spec, &dead)).await?;
+            state.notify(&spec.job, spec.slot_ms);
+            state
+                .runs
+                .released(spec.job.as_str(), spec.slot_ms, spec.result);
+            Ok((pb::ReleaseResponse {}, "released"))
+        };
+        let body = async {
+            body.await
+                .inspect_err(|e| state.note_fenced("release", &req.job, req.slot_ms, e))
+        };
+        Ok(Response::new(state.rpc("release", span, body).await?))
     }
 
     type HoldStream = HoldStream;
@@ -424,35 +442,21 @@ impl pb::claims_server::Claims for ClaimsService {
         &self,
         request: Request<pb::ClaimRequest>,
     ) -> Result<Response<HoldStream>, Status> {
-        let s = self.0.clone();
-        let started = Instant::now();
-        let received = started;
+        let state = self.0.clone();
+        let received = Instant::now();
         let deadline = deadline(&request);
-        let permit = s
-            .hold_permit(request.remote_addr().map(|a| a.ip()))
-            .map_err(|e| s.fail(e))?;
+        let permit = state
+            .hold_permit(request.remote_addr().map(|addr| addr.ip()))
+            .map_err(|e| state.fail(e))?;
         let req = request.into_inner();
-        let span = tracing::info_span!("hold", job = %req.job, slot = req.slot_ms, outcome = Empty);
-        let (v, answer, valid_for_ms) = async {
-            let res = match validate::claim(&req, &s.defaults, &s.holder) {
-                Ok(v) => s.claim(&v, deadline).await.map(|a| (v, a)),
-                Err(e) => Err(e),
-            };
-            s.observe("hold", started);
-            match res {
-                Ok((v, (a, valid_for_ms))) => {
-                    tracing::Span::current().record("outcome", a.outcome.as_str());
-                    s.count("hold", &v.spec, &a);
-                    Ok((v, a, valid_for_ms))
-                }
-                Err(e) => {
-                    tracing::Span::current().record("outcome", e.kind());
-                    Err(s.fail(e))
-                }
-            }
-        }
-        .instrument(span.clone())
-        .await?;
+        let span = rpc_span!("hold", req.job, req.slot_ms);
+        let (valid, answer, valid_for_ms) = state
+            .rpc(
+                "hold",
+                span.clone(),
+                state.claim_counted("hold", &req, deadline),
+            )
+            .await?;
 
         let (tx, rx) = mpsc::channel(8);
         // The win's local deadline: the claim's answer (capped by the
@@ -460,10 +464,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let valid_until = Instant::now() + Duration::from_millis(valid_for_ms.max(0) as u64);
         let first = pb::HoldEvent {
             kind: pb::HoldEventKind::Claimed as i32,
-            claim: Some(pb::ClaimResponse {
-                valid_for_ms,
-                ..validate::answer_pb(&answer, s.store.info().backend)
-            }),
+            claim: Some(state.claim_pb(&answer, valid_for_ms)),
             hold_valid_for_ms: if answer.outcome == Outcome::Won {
                 since(received, valid_until)
             } else {
@@ -474,15 +475,15 @@ impl pb::claims_server::Claims for ClaimsService {
         // The channel is fresh and has room: this cannot block.
         let _ = tx.try_send(Ok(first));
         let (sent_all, delivered) = tokio::sync::oneshot::channel::<()>();
-        if answer.outcome == Outcome::Won && s.store.leases().is_some() {
+        if answer.outcome == Outcome::Won && state.store.leases().is_some() {
             let hold = HeldRun {
-                spec: v.spec,
+                spec: valid.spec,
                 received,
                 valid_until,
             };
             tokio::spawn(
                 async move {
-                    keep_renewing(s, hold, tx, delivered).await;
+                    keep_renewing(state, hold, tx, delivered).await;
                     drop(permit);
                 }
                 .instrument(span),
@@ -505,38 +506,24 @@ impl pb::claims_server::Claims for ClaimsService {
         &self,
         request: Request<pb::HistoryRequest>,
     ) -> Result<Response<pb::HistoryResponse>, Status> {
-        let s = &self.0;
-        let started = Instant::now();
+        let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
         let span = tracing::info_span!("history", job = %req.job, slot = Empty, outcome = Empty);
-        async move {
-            let res = async {
-                let (job, limit, before) = validate::history(&req)?;
-                with_deadline(deadline, s.store.history(&job, limit, before)).await
-            }
-            .await;
-            s.observe("history", started);
-            match res {
-                Ok(page) => {
-                    tracing::Span::current().record("outcome", "ok");
-                    let info = s.store.info();
-                    Ok(Response::new(pb::HistoryResponse {
-                        runs: page.runs.iter().map(validate::run_pb).collect(),
-                        backend: info.backend.to_owned(),
-                        retention: info.retention.clone(),
-                        complete: page.complete,
-                        note: page.note.unwrap_or_default(),
-                    }))
-                }
-                Err(e) => {
-                    tracing::Span::current().record("outcome", e.kind());
-                    Err(s.fail(e))
-                }
-            }
-        }
-        .instrument(span)
-        .await
+        let body = async {
+            let (job, limit, before) = validate::history(&req)?;
+            let page = with_deadline(deadline, state.store.history(&job, limit, before)).await?;
+            let info = state.store.info();
+            let reply = pb::HistoryResponse {
+                runs: page.runs.iter().map(convert::run_pb).collect(),
+                backend: info.backend.to_owned(),
+                retention: info.retention.clone(),
+                complete: page.complete,
+                note: page.note.unwrap_or_default(),
+            };
+            Ok((reply, "ok"))
+        };
+        Ok(Response::new(state.rpc("history", span, body).await?))
     }
 }
 
@@ -582,21 +569,21 @@ fn since(from: Instant, to: Instant) -> i64 {
 /// broke, or it stopped answering HTTP/2 keepalive pings) ends the lease at
 /// once.
 async fn keep_renewing(
-    s: Arc<ClaimsState>,
+    state: Arc<ClaimsState>,
     mut hold: HeldRun,
     tx: mpsc::Sender<Result<pb::HoldEvent, Status>>,
     delivered: tokio::sync::oneshot::Receiver<()>,
 ) {
-    s.metrics.holds_open.inc();
+    state.metrics.holds_open.inc();
     let spec = &hold.spec;
-    let every = s.guard.renew_every(spec.lease_ms);
+    let every = state.guard.renew_every(spec.lease_ms);
     let renew = RenewSpec {
         job: spec.job.clone(),
         slot_ms: spec.slot_ms,
         token: spec.token.clone(),
         lease_ms: spec.lease_ms,
     };
-    let mut shutdown = s.shutdown.clone();
+    let mut shutdown = state.shutdown.clone();
     let lost = |reason: &str| pb::HoldEvent {
         kind: pb::HoldEventKind::LostLease as i32,
         reason: reason.to_owned(),
@@ -617,7 +604,7 @@ async fn keep_renewing(
                 break;
             }
             _ = tokio::time::sleep_until(until) => {
-                let reason = hand_back(&s, spec, last_error.is_some()).await;
+                let reason = hand_back(&state, spec, last_error.is_some()).await;
                 tracing::warn!(reason, "hold reached its deadline without a renewal");
                 tell_last(&tx, lost(reason)).await;
                 break;
@@ -627,11 +614,11 @@ async fn keep_renewing(
         let sent = Instant::now();
         if sent >= hold.valid_until {
             // Woken late (a pause): the client has already stopped.
-            let reason = hand_back(&s, spec, last_error.is_some()).await;
+            let reason = hand_back(&state, spec, last_error.is_some()).await;
             tell_last(&tx, lost(reason)).await;
             break;
         }
-        let bound = match s.promise() {
+        let bound = match state.promise() {
             Ok(b) => b,
             Err(e) => {
                 // Not confirmed: renewing would promise what we cannot
@@ -640,13 +627,13 @@ async fn keep_renewing(
                 continue;
             }
         };
-        let dead = s.guard.dead_holders();
-        let Some(leases) = s.store.leases() else {
+        let dead = state.guard.dead_holders();
+        let Some(leases) = state.store.leases() else {
             break;
         };
         match leases.renew(&renew, &dead).await {
             Ok(r) => {
-                s.metrics.renewals.inc();
+                state.metrics.renewals.inc();
                 let lease_ms = (r.lease_until_ms - r.now_ms).max(0);
                 let Some(valid) = bound.cap_ms(Instant::now(), lease_ms) else {
                     last_error = None;
@@ -680,15 +667,15 @@ async fn keep_renewing(
                 break;
             }
             Err(e @ (Error::Fenced(_) | Error::NotFound(_))) => {
-                s.note_fenced("hold", spec.job.as_str(), spec.slot_ms, &e);
-                s.metrics.record_error(&e);
+                state.note_fenced("hold", spec.job.as_str(), spec.slot_ms, &e);
+                state.metrics.record_error(&e);
                 tracing::info!(reason = e.kind(), "hold lost its lease");
                 tell_last(&tx, lost("fenced")).await;
                 break;
             }
             Err(e) => {
                 // Store trouble: keep trying until the deadline.
-                s.metrics.record_error(&e);
+                state.metrics.record_error(&e);
                 tracing::warn!(error = %e, "hold could not renew");
                 last_error = Some(e);
             }
@@ -697,7 +684,7 @@ async fn keep_renewing(
     if client_gone {
         // The worker died without releasing: end the lease now so the next
         // claimer takes the run over. A no-op if it was released.
-        match s.end_lease(spec).await {
+        match state.end_lease(spec).await {
             Ok(true) => tracing::info!("hold stream broke without release; lease ended"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "could not end the lease of a broken hold"),
@@ -707,7 +694,7 @@ async fn keep_renewing(
     // last event: a leaving sidecar tells its peers only after that.
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_millis(500), delivered).await;
-    s.metrics.holds_open.dec();
+    state.metrics.holds_open.dec();
 }
 
 /// A hold whose deadline passed without a renewal: its client has stopped,
@@ -716,11 +703,11 @@ async fn keep_renewing(
 /// the run is no longer ours (taken over meanwhile), `expired` when it was
 /// (a pause, a slow store), `unavailable` or `liveness_unconfirmed` when the
 /// store cannot be reached (renewals failed, or this sidecar's own record).
-async fn hand_back(s: &ClaimsState, spec: &ClaimSpec, renew_failed: bool) -> &'static str {
-    if s.store.leases().is_none() {
+async fn hand_back(state: &ClaimsState, spec: &ClaimSpec, renew_failed: bool) -> &'static str {
+    if state.store.leases().is_none() {
         return "expired";
     }
-    match tokio::time::timeout(Duration::from_millis(200), s.end_lease(spec)).await {
+    match tokio::time::timeout(Duration::from_millis(200), state.end_lease(spec)).await {
         Ok(Ok(true)) => "expired",
         Ok(Ok(false)) => "fenced",
         _ if renew_failed => "unavailable",

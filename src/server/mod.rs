@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod auth;
 pub mod claims;
+pub mod convert;
 pub mod dashboard;
 pub mod grpc_errors;
 pub mod mesh;
@@ -76,11 +77,7 @@ pub async fn run(
     // instance is bumped, and the store is opened before it too, so a start
     // that fails leaves the instance where it was.
     let _data_dir_lock = DataDirLock::acquire(&cfg.data_dir)?;
-    let opts = StoreOptions {
-        retention: cfg.retention(),
-        busy_timeout: Duration::from_millis(cfg.busy_timeout_ms),
-        max_future: Duration::from_millis(cfg.max_future_ms),
-    };
+    let opts = StoreOptions::from_config(&cfg);
     let url = cfg.backend_url();
     let store = store::open(&url, &opts)
         .await

@@ -1,9 +1,12 @@
 //! Proto requests → validated domain specs. Pure: no I/O, fuzzable.
 //! Every error is `INVALID_ARGUMENT` naming the field; nothing is written.
+//! The plain protobuf ↔ domain mappings are in [`super::convert`].
 
 use crate::claim::*;
 use crate::error::{Error, Result};
 use crate::proto as pb;
+
+use super::convert;
 
 /// The sidecar's defaults and bounds for claims.
 #[derive(Debug, Clone)]
@@ -19,17 +22,11 @@ pub struct ClaimDefaults {
     pub max_wait_ms: i64,
 }
 
+/// The defaults of [`Config::default`](crate::Config): they are declared
+/// there, once.
 impl Default for ClaimDefaults {
     fn default() -> Self {
-        ClaimDefaults {
-            lease_ms: 30_000,
-            min_lease_ms: 3_000,
-            max_lease_ms: 24 * 3_600_000,
-            max_late_ms: 60_000,
-            overlap: Overlap::Allow,
-            max_attempts: 3,
-            max_wait_ms: 300_000,
-        }
+        ClaimDefaults::from_config(&crate::Config::default())
     }
 }
 
@@ -40,7 +37,7 @@ impl ClaimDefaults {
             min_lease_ms: c.min_lease_ms() as i64,
             max_lease_ms: c.max_lease_ms as i64,
             max_late_ms: c.max_late_ms as i64,
-            overlap: c.overlap(),
+            overlap: c.overlap,
             max_attempts: c.max_attempts,
             max_wait_ms: c.max_wait_ms as i64,
         }
@@ -111,9 +108,7 @@ pub fn claim(req: &pb::ClaimRequest, d: &ClaimDefaults, holder: &Holder) -> Resu
         l => l,
     };
     let overlap = match pb::Overlap::try_from(req.overlap) {
-        Ok(pb::Overlap::Unspecified) => d.overlap,
-        Ok(pb::Overlap::Allow) => Overlap::Allow,
-        Ok(pb::Overlap::Skip) => Overlap::Skip,
+        Ok(o) => convert::overlap(o).unwrap_or(d.overlap),
         Err(_) => {
             return Err(Error::invalid(
                 "overlap",
@@ -165,11 +160,8 @@ pub fn renew(req: &pb::RenewRequest, d: &ClaimDefaults) -> Result<RenewSpec> {
 
 pub fn release(req: &pb::ReleaseRequest) -> Result<ReleaseSpec> {
     let result = match pb::ReleaseResult::try_from(req.result) {
-        Ok(pb::ReleaseResult::Succeeded) => ReleaseResult::Succeeded,
-        Ok(pb::ReleaseResult::Failed) => ReleaseResult::Failed,
-        Ok(pb::ReleaseResult::Unspecified) => {
-            return Err(Error::invalid("result", "must be SUCCEEDED or FAILED"))
-        }
+        Ok(r) => convert::release_result(r)
+            .ok_or_else(|| Error::invalid("result", "must be SUCCEEDED or FAILED"))?,
         Err(_) => {
             return Err(Error::invalid(
                 "result",
@@ -197,68 +189,6 @@ pub fn history(req: &pb::HistoryRequest) -> Result<(Job, u32, Option<i64>)> {
         n => n,
     };
     Ok((Job::parse(&req.job)?, limit, req.before_slot_ms))
-}
-
-// --- domain → proto ---------------------------------------------------------
-
-pub fn outcome_pb(o: Outcome) -> pb::Outcome {
-    match o {
-        Outcome::Won => pb::Outcome::Won,
-        Outcome::Lost => pb::Outcome::Lost,
-        Outcome::Running => pb::Outcome::Running,
-        Outcome::Done => pb::Outcome::Done,
-        Outcome::Late => pb::Outcome::Late,
-        Outcome::Overlap => pb::Outcome::Overlap,
-    }
-}
-
-pub fn state_pb(s: RunState) -> pb::RunState {
-    match s {
-        RunState::Running => pb::RunState::Running,
-        RunState::Succeeded => pb::RunState::Succeeded,
-        RunState::Failed => pb::RunState::Failed,
-        RunState::Interrupted => pb::RunState::Interrupted,
-        RunState::Claimed => pb::RunState::Claimed,
-    }
-}
-
-pub fn holder_pb(h: &Holder) -> pb::Holder {
-    pb::Holder {
-        node: h.node.clone(),
-        instance: h.instance,
-    }
-}
-
-pub fn answer_pb(a: &ClaimAnswer, backend: &str) -> pb::ClaimResponse {
-    pb::ClaimResponse {
-        outcome: outcome_pb(a.outcome) as i32,
-        token: a
-            .token
-            .as_ref()
-            .map(|t| t.as_str().to_owned())
-            .unwrap_or_default(),
-        attempt: a.attempt,
-        fencing: a.fencing,
-        lease_until_ms: a.lease_until_ms,
-        valid_for_ms: a.valid_for_ms(),
-        holder: a.holder.as_ref().map(holder_pb),
-        backend: backend.to_owned(),
-        reason: a.reason.unwrap_or_default().to_owned(),
-        now_ms: a.now_ms,
-    }
-}
-
-pub fn run_pb(r: &RunRow) -> pb::Run {
-    pb::Run {
-        slot_ms: r.slot_ms,
-        attempt: r.attempt,
-        state: state_pb(r.state) as i32,
-        holder: Some(holder_pb(&r.holder)),
-        claimed_at_ms: r.claimed_at_ms,
-        finished_at_ms: r.finished_at_ms,
-        lease_until_ms: r.lease_until_ms,
-        fencing: r.fencing,
-    }
 }
 
 #[cfg(test)]

@@ -87,13 +87,21 @@ pub struct StoreOptions {
     pub max_future: Duration,
 }
 
+impl StoreOptions {
+    pub fn from_config(c: &crate::Config) -> Self {
+        StoreOptions {
+            retention: c.retention(),
+            busy_timeout: Duration::from_millis(c.busy_timeout_ms),
+            max_future: Duration::from_millis(c.max_future_ms),
+        }
+    }
+}
+
+/// The defaults of [`Config::default`](crate::Config): they are declared
+/// there, once.
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions {
-            retention: Duration::from_secs(7 * 24 * 3600),
-            busy_timeout: Duration::from_secs(5),
-            max_future: Duration::from_secs(24 * 3600),
-        }
+        StoreOptions::from_config(&crate::Config::default())
     }
 }
 
