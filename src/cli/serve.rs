@@ -22,18 +22,21 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// The layered, validated config (defaults, file, environment, flags).
-    fn load(&self) -> Result<Config, ConfigError> {
-        Config::load(self.config.as_deref(), self.keys.overrides()?)
+    /// On a bad config: says which key and why, and gives the exit status
+    /// (64).
+    fn load(&self) -> Result<Config, ExitCode> {
+        let load = || Config::load(self.config.as_deref(), self.keys.overrides()?);
+        load().map_err(|e: ConfigError| {
+            eprintln!("anarchon: {e}");
+            ExitCode::from(EXIT_CONFIG as u8)
+        })
     }
 }
 
 pub fn serve(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
     let cfg = match args.load() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("anarchon: {e}");
-            return ExitCode::from(EXIT_CONFIG as u8);
-        }
+        Err(status) => return status,
     };
     crate::telemetry::init(cfg.log_format);
     // Refuse a second process on this data dir before binding anything, with
@@ -101,10 +104,7 @@ pub async fn shutdown_signal() {
 pub fn check(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
     let cfg = match args.load() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("anarchon: {e}");
-            return ExitCode::from(EXIT_CONFIG as u8);
-        }
+        Err(status) => return status,
     };
     println!("config ok");
     rt.block_on(async move {
