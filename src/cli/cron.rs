@@ -43,8 +43,8 @@ pub struct CronArgs {
     #[arg(long, visible_aliases = ["lease-ms", "ttl"], value_name = "DURATION", default_value = "2m", value_parser = crate::duration::parse)]
     pub lease: Duration,
     /// allow or skip: whether a tick may start while the previous run still runs.
-    #[arg(long, default_value = "allow")]
-    pub overlap: String,
+    #[arg(long, default_value = "allow", value_parser = crate::claim::Overlap::parse)]
+    pub overlap: crate::claim::Overlap,
     /// Attempts (first run + takeovers) before a tick's run is INTERRUPTED
     /// [default: the sidecar's max_attempts, 3].
     #[arg(long)]
@@ -168,14 +168,7 @@ pub async fn cron(a: CronArgs) -> ExitCode {
         eprintln!("anarchon: --lease must be positive (e.g. 2m)");
         return ExitCode::from(2);
     }
-    let overlap = match a.overlap.to_ascii_lowercase().as_str() {
-        "allow" => pb::Overlap::Allow,
-        "skip" => pb::Overlap::Skip,
-        o => {
-            eprintln!("anarchon: --overlap {o:?}: expected allow or skip");
-            return ExitCode::from(2);
-        }
-    };
+    let overlap = crate::server::convert::overlap_pb(a.overlap);
     let stop = super::serve::shutdown_signal();
     tokio::pin!(stop);
     // In a pod the application and its sidecar start together: wait for the

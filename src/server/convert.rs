@@ -28,6 +28,13 @@ pub fn release_result(r: pb::ReleaseResult) -> Option<ReleaseResult> {
 
 // --- domain → proto -----------------------------------------------------------
 
+pub fn overlap_pb(o: Overlap) -> pb::Overlap {
+    match o {
+        Overlap::Allow => pb::Overlap::Allow,
+        Overlap::Skip => pb::Overlap::Skip,
+    }
+}
+
 pub fn outcome_pb(o: Outcome) -> pb::Outcome {
     match o {
         Outcome::Won => pb::Outcome::Won,
