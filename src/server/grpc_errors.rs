@@ -16,7 +16,8 @@ use futures::future::BoxFuture;
 use tonic::codegen::http;
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
-use tower::{Layer, Service};
+use tower_layer::Layer;
+use tower_service::Service;
 
 use super::metrics::{KindLabels, Metrics};
 use crate::error::REASON_KEY;
