@@ -1266,15 +1266,30 @@ enum DialError {
     Other(String),
 }
 
-/// One runtime as JSON, as `/api/v1/mesh/state` and the dashboard show it.
+/// One runtime as JSON, as `/api/v1/mesh/state`, the dashboard and the
+/// `peers`/`watch` commands (see `cli::client`) show it.
 pub fn peer_json(p: &pb::Peer) -> serde_json::Value {
     serde_json::json!({
         "node": p.node, "instance": p.instance, "restarts": p.restarts,
         "address": p.address,
-        "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
-        "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
+        "state": peer_state_name(p.state),
+        "link": link_name(p.link),
         "beat": p.beat, "beat_age_ms": p.beat_age_ms, "labels": p.labels,
     })
+}
+
+/// A peer state's name without its prefix (`ALIVE`), `?` if unknown.
+pub fn peer_state_name(state: i32) -> &'static str {
+    pb::PeerState::try_from(state)
+        .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
+        .unwrap_or("?")
+}
+
+/// A link kind's name without its prefix (`DIRECT`), `?` if unknown.
+pub fn link_name(link: i32) -> &'static str {
+    pb::Link::try_from(link)
+        .map(|s| s.as_str_name().trim_start_matches("LINK_"))
+        .unwrap_or("?")
 }
 
 /// Mesh figures for the metrics.
