@@ -117,8 +117,9 @@ pub struct Mesh {
     chosen: Mutex<HashSet<String>>,
     /// Bytes of sync frames sent, for the metrics and the benchmarks.
     sent_bytes: AtomicU64,
-    /// Bumped to make every link send a frame now (the leave mark).
-    push: watch::Sender<u64>,
+    /// Bumped when our beat rises (and for the leave mark): every link sends
+    /// its frame then.
+    frames_due: watch::Sender<u64>,
     dialing: Mutex<HashSet<String>>,
     /// Configured peer addresses (`--peer`, DNS) whose last dial failed, with
     /// the error: shown by `ListPeers` and counted as unreachable links.
@@ -188,7 +189,7 @@ impl Mesh {
             Instant::now(),
         );
         let (events, _) = broadcast::channel(1024);
-        let (push, _) = watch::channel(0u64);
+        let (frames_due, _) = watch::channel(0u64);
         let (nudges, _) = broadcast::channel(256);
         let mut self_addrs = HashSet::new();
         self_addrs.insert(cfg.advertise.clone());
@@ -204,7 +205,7 @@ impl Mesh {
             left: AtomicBool::new(false),
             chosen: Mutex::new(HashSet::new()),
             sent_bytes: AtomicU64::new(0),
-            push,
+            frames_due,
             dialing: Mutex::new(HashSet::new()),
             unreachable: Mutex::new(HashMap::new()),
             self_addrs: Mutex::new(self_addrs),
@@ -272,7 +273,7 @@ impl Mesh {
         let beat = self.beat.fetch_add(1, Ordering::SeqCst) + 1;
         let m = sign_mark(&self.id, beat, left, &self.cfg.advertise, &self.cfg.labels);
         lock(&self.table).set_own(m, now);
-        self.push.send_modify(|n| *n = n.wrapping_add(1));
+        self.frames_due.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn publish(&self, changes: Vec<(String, Change)>, now: Instant) {
@@ -805,7 +806,7 @@ impl Mesh {
         tracing::debug!(peer = %remote.node, %address, outbound, "link up");
         // Frames go out when our beat rises (and once now, so a new link
         // learns everything at once).
-        let mut push = self.push.subscribe();
+        let mut frames_due = self.frames_due.subscribe();
         let mut nudges = self.nudges.subscribe();
         let mut stop = self.stop.clone();
         let mut last_rx = now;
@@ -824,7 +825,7 @@ impl Mesh {
         loop {
             let expires = tokio::time::Instant::from_std(last_rx + self.cfg.expiry);
             tokio::select! {
-                _ = push.changed() => {
+                _ = frames_due.changed() => {
                     if !self.send_frame(&tx, &mut outbox) { break; }
                     if self.surplus(&remote.node, outbound, referral) {
                         unwanted += 1;
