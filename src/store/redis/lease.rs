@@ -29,7 +29,7 @@ use ::redis::{Script, ScriptInvocation, Value};
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 
-use super::{convert, holder_key, reply, Conn, JobKeys, RedisConfig};
+use super::{convert, holder_key, load_script, reply, Conn, JobKeys, RedisConfig};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
 use crate::store::{Leases, Store, StoreInfo, StoreOptions};
@@ -65,14 +65,7 @@ pub struct LeaseStore {
 
 impl LeaseStore {
     pub(crate) async fn open(conn: Conn, cfg: &RedisConfig, opts: &StoreOptions) -> Result<Self> {
-        let script = Script::new(LEASE_LUA);
-        // Load it now: a broken server or script fails at start, not at the
-        // first claim.
-        script
-            .prepare_invoke()
-            .load_async(&mut conn.clone())
-            .await
-            .map_err(convert)?;
+        let script = load_script(&conn, LEASE_LUA).await?;
         // The record this server holds now, if any: from here on its loss
         // means the server forgot.
         let memory_record_id = if conn.is_cluster() {
