@@ -12,6 +12,7 @@ use tonic::{Request, Status};
 
 use super::{ClientOpts, EXIT_NOT_WON};
 use crate::error::status_reason;
+use crate::mesh::node::{link_name, peer_state_name};
 use crate::proto as pb;
 
 /// Adds `authorization: Bearer <token>` when a token is configured.
@@ -112,17 +113,7 @@ fn slot_at(s: &str, now_ms: i64) -> Result<i64, String> {
 /// A status's message with its causes: a transport failure says more than
 /// `transport error` (connection refused, TLS, deadline, …).
 pub fn status_text(st: &Status) -> String {
-    let mut out = st.message().to_owned();
-    let mut next = std::error::Error::source(st);
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !text.is_empty() && !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = cause.source();
-    }
-    out
+    crate::error::with_causes(st.message().to_owned(), std::error::Error::source(st))
 }
 
 /// Prints a gRPC error (text or JSON) and returns exit status 1.
@@ -153,16 +144,11 @@ fn fail(json: bool, e: anyhow::Error) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// An outcome's name without its prefix (`WON`), `UNSPECIFIED` if unknown.
 pub fn outcome_name(o: i32) -> &'static str {
-    match pb::Outcome::try_from(o) {
-        Ok(pb::Outcome::Won) => "WON",
-        Ok(pb::Outcome::Lost) => "LOST",
-        Ok(pb::Outcome::Running) => "RUNNING",
-        Ok(pb::Outcome::Done) => "DONE",
-        Ok(pb::Outcome::Late) => "LATE",
-        Ok(pb::Outcome::Overlap) => "OVERLAP",
-        _ => "UNSPECIFIED",
-    }
+    pb::Outcome::try_from(o)
+        .map(|o| o.as_str_name().trim_start_matches("OUTCOME_"))
+        .unwrap_or("UNSPECIFIED")
 }
 
 fn state_name(s: i32) -> &'static str {
@@ -534,16 +520,8 @@ pub async fn peers(a: PeersArgs) -> ExitCode {
                     "NODE", "INSTANCE", "RESTARTS", "STATE", "LINK", "BEAT"
                 );
                 for (i, p) in all.into_iter().enumerate() {
-                    let state = pb::PeerState::try_from(p.state)
-                        .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
-                        .unwrap_or("?");
-                    let link = if i == 0 {
-                        "SELF"
-                    } else {
-                        pb::Link::try_from(p.link)
-                            .map(|s| s.as_str_name().trim_start_matches("LINK_"))
-                            .unwrap_or("?")
-                    };
+                    let state = peer_state_name(p.state);
+                    let link = if i == 0 { "SELF" } else { link_name(p.link) };
                     // A configured peer that never answered: no node yet,
                     // and why it is unreachable.
                     let (node, beat, error) = if p.node.is_empty() {
@@ -602,12 +580,16 @@ pub struct WatchArgs {
     pub client: ClientOpts,
 }
 
+/// A runtime as `peers --json` and `watch --json` print it: the mesh's
+/// [`peer_json`](crate::mesh::node::peer_json) with the last dial error in
+/// place of the labels.
 fn peer_json(p: &pb::Peer) -> serde_json::Value {
-    json!({"node": p.node, "instance": p.instance, "restarts": p.restarts,
-           "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
-           "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
-           "beat": p.beat, "beat_age_ms": p.beat_age_ms, "address": p.address,
-           "last_error": p.labels.get("last_error")})
+    let mut v = crate::mesh::node::peer_json(p);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("labels");
+        o.insert("last_error".into(), json!(p.labels.get("last_error")));
+    }
+    v
 }
 
 /// Streams peer events until interrupted: one line (or JSON object) each.
@@ -636,9 +618,7 @@ pub async fn watch(a: WatchArgs) -> ExitCode {
                 if json {
                     println!("{}", json!({"event": kind, "peer": peer_json(&p)}));
                 } else {
-                    let state = pb::PeerState::try_from(p.state)
-                        .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
-                        .unwrap_or("?");
+                    let state = peer_state_name(p.state);
                     println!(
                         "{kind:<11} {} instance={} restarts={} state={state} beat={} address={}",
                         p.node, p.instance, p.restarts, p.beat, p.address

@@ -331,6 +331,11 @@ mod tests {
         )
     }
 
+    /// Three fresh runtimes.
+    fn three() -> [Identity; 3] {
+        [(); 3].map(|()| Identity::ephemeral(1))
+    }
+
     fn beat(t: &mut PeerTable, id: &Identity, b: u64, now: Instant) {
         t.set_own(
             sign_mark(id, b, false, "10.0.0.1:1", &Default::default()),
@@ -340,11 +345,7 @@ mod tests {
 
     #[test]
     fn identity_travels_once_and_beats_only_when_newer() {
-        let (a, b, c) = (
-            Identity::ephemeral(1),
-            Identity::ephemeral(1),
-            Identity::ephemeral(1),
-        );
+        let [a, b, c] = three();
         let t0 = Instant::now();
         let mut ta = table(&a);
         let mut tb = table(&b);
@@ -417,11 +418,7 @@ mod tests {
 
     #[test]
     fn what_the_other_end_sent_is_not_sent_back_and_its_own_never() {
-        let (a, b, c) = (
-            Identity::ephemeral(1),
-            Identity::ephemeral(1),
-            Identity::ephemeral(1),
-        );
+        let [a, b, c] = three();
         let t0 = Instant::now();
         let mut ta = table(&a);
         beat(&mut ta, &a, 1, t0);

@@ -29,6 +29,7 @@ use super::marks::{sign_hello, sign_mark, verify_hello, Refusal};
 use super::persist;
 use super::table::{Change, PeerTable, TableConfig};
 use crate::claim::{DeadHolders, Holder};
+use crate::error::{dial_refusal, is_frame_too_large, DialRefusal, MeshError};
 use crate::proto as pb;
 
 /// Mesh settings, from the config.
@@ -116,8 +117,9 @@ pub struct Mesh {
     chosen: Mutex<HashSet<String>>,
     /// Bytes of sync frames sent, for the metrics and the benchmarks.
     sent_bytes: AtomicU64,
-    /// Bumped to make every link send a frame now (the leave mark).
-    push: watch::Sender<u64>,
+    /// Bumped when our beat rises (and for the leave mark): every link sends
+    /// its frame then.
+    frames_due: watch::Sender<u64>,
     dialing: Mutex<HashSet<String>>,
     /// Configured peer addresses (`--peer`, DNS) whose last dial failed, with
     /// the error: shown by `ListPeers` and counted as unreachable links.
@@ -142,25 +144,6 @@ struct RefusedLink {
     /// Known from its own hello (proof of key), not just from what the
     /// runtime we dialed said about itself when it refused us.
     verified: bool,
-}
-
-/// The gRPC status of a hello refused for being on another store. The
-/// dialer reads our node and store identity from its metadata.
-fn store_mismatch_status(node: &str, ours: &str, theirs: &str) -> Status {
-    let mut st = Status::failed_precondition(format!(
-        "store_mismatch: this sidecar claims in store {ours}, you claim in store {theirs}; \
-         sidecars of one mesh must share one store"
-    ));
-    for (k, v) in [
-        ("anarchon-reason", "store_mismatch"),
-        ("anarchon-node", node),
-        ("anarchon-store-identity", ours),
-    ] {
-        if let Ok(v) = v.parse() {
-            st.metadata_mut().insert(k, v);
-        }
-    }
-    st
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -206,7 +189,7 @@ impl Mesh {
             Instant::now(),
         );
         let (events, _) = broadcast::channel(1024);
-        let (push, _) = watch::channel(0u64);
+        let (frames_due, _) = watch::channel(0u64);
         let (nudges, _) = broadcast::channel(256);
         let mut self_addrs = HashSet::new();
         self_addrs.insert(cfg.advertise.clone());
@@ -222,7 +205,7 @@ impl Mesh {
             left: AtomicBool::new(false),
             chosen: Mutex::new(HashSet::new()),
             sent_bytes: AtomicU64::new(0),
-            push,
+            frames_due,
             dialing: Mutex::new(HashSet::new()),
             unreachable: Mutex::new(HashMap::new()),
             self_addrs: Mutex::new(self_addrs),
@@ -290,7 +273,7 @@ impl Mesh {
         let beat = self.beat.fetch_add(1, Ordering::SeqCst) + 1;
         let m = sign_mark(&self.id, beat, left, &self.cfg.advertise, &self.cfg.labels);
         lock(&self.table).set_own(m, now);
-        self.push.send_modify(|n| *n = n.wrapping_add(1));
+        self.frames_due.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn publish(&self, changes: Vec<(String, Change)>, now: Instant) {
@@ -589,9 +572,7 @@ impl Mesh {
                 match tx.try_send(ev) {
                     Ok(()) => true,
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        *lock(&fail) = Some(Status::resource_exhausted(
-                            "watcher fell behind the mesh; reconnect to get a fresh snapshot",
-                        ));
+                        *lock(&fail) = Some(MeshError::WatcherBehind.into());
                         false
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => false,
@@ -618,9 +599,7 @@ impl Mesh {
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        *lock(&fail) = Some(Status::resource_exhausted(
-                            "watcher fell behind the mesh; reconnect to get a fresh snapshot",
-                        ));
+                        *lock(&fail) = Some(MeshError::WatcherBehind.into());
                         return;
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -753,30 +732,24 @@ impl Mesh {
         Status,
     > {
         let Some(hello) = self.first_hello(&mut inbound).await else {
-            return Err(Status::invalid_argument(
-                "the first sync frame must be a hello",
-            ));
+            return Err(MeshError::NoHello.into());
         };
         if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
             lock(&self.table).count_refusal(r);
             tracing::warn!(peer = %hello.node, from = ?remote_addr, reason = r.as_str(), "refused a peer");
-            return Err(match r {
-                Refusal::BadSecret => {
-                    Status::unauthenticated(format!("peer refused: {}", r.as_str()))
-                }
-                _ => Status::permission_denied(format!("peer refused: {}", r.as_str())),
-            });
+            return Err(MeshError::Refused(r).into());
         }
         if hello.node == self.id.node {
-            return Err(Status::failed_precondition("self: this address is my own"));
+            return Err(MeshError::IsSelf.into());
         }
         if self.other_store(&hello) {
             self.refuse_store_mismatch(&hello.node, &hello.address, &hello.store_identity, true);
-            return Err(store_mismatch_status(
-                &self.id.node,
-                &self.cfg.store_identity,
-                &hello.store_identity,
-            ));
+            return Err(MeshError::StoreMismatch {
+                node: self.id.node.clone(),
+                ours: self.cfg.store_identity.clone(),
+                theirs: hello.store_identity.clone(),
+            }
+            .into());
         }
         let inbound_links = lock(&self.links)
             .values()
@@ -784,9 +757,10 @@ impl Mesh {
             .count();
         if inbound_links >= self.cfg.max_links_per_peer {
             lock(&self.table).count_refusal(Refusal::TooManyLinks);
-            return Err(Status::resource_exhausted(format!(
-                "{inbound_links} links from this runtime already (max_links_per_peer)"
-            )));
+            return Err(MeshError::TooManyLinks {
+                links: inbound_links,
+            }
+            .into());
         }
         // Over twice max_links: serve the newcomer our view, then close
         // (it links with the runtimes it chooses from that view).
@@ -832,7 +806,7 @@ impl Mesh {
         tracing::debug!(peer = %remote.node, %address, outbound, "link up");
         // Frames go out when our beat rises (and once now, so a new link
         // learns everything at once).
-        let mut push = self.push.subscribe();
+        let mut frames_due = self.frames_due.subscribe();
         let mut nudges = self.nudges.subscribe();
         let mut stop = self.stop.clone();
         let mut last_rx = now;
@@ -851,7 +825,7 @@ impl Mesh {
         loop {
             let expires = tokio::time::Instant::from_std(last_rx + self.cfg.expiry);
             tokio::select! {
-                _ = push.changed() => {
+                _ = frames_due.changed() => {
                     if !self.send_frame(&tx, &mut outbox) { break; }
                     if self.surplus(&remote.node, outbound, referral) {
                         unwanted += 1;
@@ -884,7 +858,7 @@ impl Mesh {
                         self.take_frame(&remote.node, frame, last_rx);
                     }
                     Some(Err(st)) => {
-                        if st.code() == tonic::Code::OutOfRange || st.message().contains("too large") {
+                        if is_frame_too_large(&st) {
                             lock(&self.table).count_refusal(Refusal::FrameTooLarge);
                         }
                         tracing::debug!(peer = %remote.node, error = %st, "link broke");
@@ -1212,34 +1186,21 @@ impl Mesh {
             .map_err(|e| other(&e))?;
         let mut inbound = match resp {
             Ok(r) => r.into_inner(),
-            Err(st) if st.message().starts_with("self") => return Err(DialError::IsSelf),
-            Err(st) if st.message().starts_with("store_mismatch") => {
-                let meta = |k: &str| {
-                    st.metadata()
-                        .get(k)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned()
-                };
-                let node = meta("anarchon-node");
-                if !node.is_empty() {
+            Err(st) => {
+                match dial_refusal(&st) {
+                    DialRefusal::IsSelf => return Err(DialError::IsSelf),
                     // Unverified (it refused before sending its hello):
                     // shown and counted, but it changes nothing else.
-                    self.refuse_store_mismatch(
-                        &node,
-                        addr,
-                        &meta("anarchon-store-identity"),
-                        false,
-                    );
-                }
-                return Err(other(&st));
-            }
-            Err(st) => {
-                if matches!(
-                    st.code(),
-                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
-                ) {
-                    tracing::warn!(%addr, error = %st.message(), "peer refused us");
+                    DialRefusal::StoreMismatch {
+                        node,
+                        store_identity,
+                    } if !node.is_empty() => {
+                        self.refuse_store_mismatch(&node, addr, &store_identity, false);
+                    }
+                    DialRefusal::Credentials => {
+                        tracing::warn!(%addr, error = %st.message(), "peer refused us");
+                    }
+                    _ => {}
                 }
                 return Err(other(&st));
             }
@@ -1306,15 +1267,30 @@ enum DialError {
     Other(String),
 }
 
-/// One runtime as JSON, as `/api/v1/mesh/state` and the dashboard show it.
+/// One runtime as JSON, as `/api/v1/mesh/state`, the dashboard and the
+/// `peers`/`watch` commands (see `cli::client`) show it.
 pub fn peer_json(p: &pb::Peer) -> serde_json::Value {
     serde_json::json!({
         "node": p.node, "instance": p.instance, "restarts": p.restarts,
         "address": p.address,
-        "state": pb::PeerState::try_from(p.state).map(|s| s.as_str_name().trim_start_matches("PEER_STATE_")).unwrap_or("?"),
-        "link": pb::Link::try_from(p.link).map(|s| s.as_str_name().trim_start_matches("LINK_")).unwrap_or("?"),
+        "state": peer_state_name(p.state),
+        "link": link_name(p.link),
         "beat": p.beat, "beat_age_ms": p.beat_age_ms, "labels": p.labels,
     })
+}
+
+/// A peer state's name without its prefix (`ALIVE`), `?` if unknown.
+pub fn peer_state_name(state: i32) -> &'static str {
+    pb::PeerState::try_from(state)
+        .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
+        .unwrap_or("?")
+}
+
+/// A link kind's name without its prefix (`DIRECT`), `?` if unknown.
+pub fn link_name(link: i32) -> &'static str {
+    pb::Link::try_from(link)
+        .map(|s| s.as_str_name().trim_start_matches("LINK_"))
+        .unwrap_or("?")
 }
 
 /// Mesh figures for the metrics.

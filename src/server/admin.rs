@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
 use super::auth::Auth;
 use super::dashboard::{self, Dashboard};
 use super::metrics::Metrics;
+use crate::error::Error;
 use crate::mesh::Mesh;
 use crate::store::DynStore;
 
@@ -40,8 +41,8 @@ pub fn router(state: AdminState) -> Router {
 const READY_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// `ready`, or `not ready: <why>` (the store's error, or that it did not
-/// answer within 3 s) with status 503.
-async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+/// answer within 3 s) with status 503 ([`Error::Unavailable`]).
+async fn readyz(State(s): State<AdminState>) -> Response {
     let backend = s.store.info().backend;
     match tokio::time::timeout(READY_PING_TIMEOUT, s.store.ping()).await {
         Ok(Ok(())) => {
@@ -50,7 +51,7 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
             // claims through one can be won again through the other.
             let refused = s.mesh.refused_peers(std::time::Instant::now());
             if refused.is_empty() {
-                return (StatusCode::OK, "ready\n".to_string());
+                return "ready\n".into_response();
             }
             let mut text = String::from("not ready:\n");
             for r in refused {
@@ -63,24 +64,20 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
                     s.mesh.store_identity()
                 ));
             }
-            (StatusCode::SERVICE_UNAVAILABLE, text)
+            Error::Unavailable("peers claim in another store".into()).http_response(text)
         }
         Ok(Err(e)) => {
             s.metrics.store_up.set(0);
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: {backend}: {e}\n"),
-            )
+            let text = format!("not ready: {backend}: {e}\n");
+            Error::Unavailable(e.to_string()).http_response(text)
         }
         Err(_) => {
             s.metrics.store_up.set(0);
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "not ready: {backend}: the store did not answer a ping within {}s\n",
-                    READY_PING_TIMEOUT.as_secs()
-                ),
-            )
+            let text = format!(
+                "not ready: {backend}: the store did not answer a ping within {}s\n",
+                READY_PING_TIMEOUT.as_secs()
+            );
+            Error::Unavailable(text.clone()).http_response(text)
         }
     }
 }
@@ -91,7 +88,7 @@ async fn mesh_state(
 ) -> axum::response::Response {
     let md = tonic::metadata::MetadataMap::from_headers(headers);
     if s.auth.check(&md).is_err() {
-        return (StatusCode::UNAUTHORIZED, "unauthenticated\n").into_response();
+        return Error::Unauthenticated.http_response("unauthenticated\n");
     }
     axum::Json(s.mesh.state_json()).into_response()
 }

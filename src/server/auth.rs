@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
@@ -23,7 +24,7 @@ impl Auth {
             .get("authorization")
             .map(|v| v.as_bytes())
             .unwrap_or_default();
-        if constant_time_eq(got, want.as_bytes()) {
+        if bool::from(got.ct_eq(want.as_bytes())) {
             Ok(())
         } else {
             Err(crate::Error::Unauthenticated.into())
@@ -36,10 +37,6 @@ impl tonic::service::Interceptor for Auth {
         self.check(req.metadata())?;
         Ok(req)
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Reads a secret file (trimmed); the error names the key, never the content.

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -43,6 +43,7 @@ use super::admin::AdminState;
 use super::metrics::{Metrics, OutcomeLabels};
 use super::runs::RunFeed;
 use crate::claim::host_now_ms;
+use crate::error::Error;
 use crate::mesh::node::peer_json;
 use crate::proto as pb;
 use crate::store::DynStore;
@@ -226,12 +227,10 @@ fn stats(s: &AdminState) -> Value {
 }
 
 fn unauthorized() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        "unauthenticated\n",
-    )
-        .into_response()
+    let mut resp = Error::Unauthenticated.http_response("unauthenticated\n");
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
 }
 
 async fn events(State(s): State<AdminState>, headers: HeaderMap) -> Response {
@@ -240,11 +239,8 @@ async fn events(State(s): State<AdminState>, headers: HeaderMap) -> Response {
         return unauthorized();
     }
     let Ok(permit) = s.dashboard.streams.clone().try_acquire_owned() else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("{MAX_STREAMS} dashboard streams are open already\n"),
-        )
-            .into_response();
+        let text = format!("{MAX_STREAMS} dashboard streams are open already");
+        return Error::ResourceExhausted(text.clone()).http_response(text + "\n");
     };
     let (tx, rx) = mpsc::channel::<String>(CLIENT_BUFFER);
     let (peers, watch) = s.mesh.watch_with_snapshot(true);
@@ -325,6 +321,7 @@ mod tests {
     use crate::mesh::{Identity, Mesh, MeshConfig};
     use crate::server::auth::Auth;
     use crate::store::{self, StoreOptions};
+    use axum::http::StatusCode;
 
     async fn state(dir: &std::path::Path) -> (AdminState, tokio::sync::watch::Sender<bool>) {
         let id = Arc::new(Identity::load_or_create(dir).unwrap());

@@ -1,25 +1,22 @@
 //! Statuses tonic produces before a handler runs, made to follow
-//! [`crate::error`]'s rules: bad input is `INVALID_ARGUMENT` naming what is
-//! wrong, a limit names its config key, and both are counted in
-//! `anarchon_errors_total`.
+//! [`crate::error`]'s rules ([`crate::error::codec_error`] says which and
+//! into what): bad input is `INVALID_ARGUMENT` naming what is wrong, a limit
+//! names its config key, and both are counted in `anarchon_errors_total`.
 //!
-//! tonic answers a body that is not valid protobuf with `INTERNAL "failed to
-//! decode Protobuf message"`, and an oversized one with `OUT_OF_RANGE
-//! "decoded message length too large"`, from inside its codec. Both are
-//! trailers-only responses (the status sits in the response headers), so a
-//! layer around the gRPC server can rewrite them without touching a body.
+//! tonic answers them from inside its codec as trailers-only responses (the
+//! status sits in the response headers), so a layer around the gRPC server
+//! can rewrite them without touching a body.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use tonic::codegen::http;
-use tonic::metadata::MetadataValue;
-use tonic::{Code, Status};
-use tower::{Layer, Service};
+use tonic::Status;
+use tower_layer::Layer;
+use tower_service::Service;
 
 use super::metrics::{KindLabels, Metrics};
-use crate::error::REASON_KEY;
 
 /// The layer: rewrites decode failures and size-limit refusals.
 #[derive(Clone)]
@@ -88,45 +85,15 @@ where
 /// The status to answer instead of `st` for a call of `path`, and its metric
 /// kind; `None` to leave it alone.
 pub fn rewrite(path: &str, st: &Status) -> Option<(Status, &'static str)> {
-    let msg = st.message();
-    // The limit that applies to the service the call went to.
-    let limit_key = if path.starts_with("/anarchon.v1.Mesh/") {
-        "max_frame_bytes"
-    } else {
-        "max_request_bytes"
-    };
-    let mut out = match st.code() {
-        Code::Internal if msg.starts_with("failed to decode Protobuf message") => {
-            let what = path.rsplit('/').next().unwrap_or("request");
-            (
-                Status::invalid_argument(format!(
-                    "invalid request: the {what} request is not a valid protobuf message ({msg})"
-                )),
-                "invalid_argument",
-            )
-        }
-        Code::OutOfRange if msg.contains("message length too large") => (
-            Status::out_of_range(format!(
-                "{limit_key}: the request is larger than the configured {limit_key} ({msg})"
-            )),
-            "out_of_range",
-        ),
-        _ => return None,
-    };
-    let reason = if out.1 == "invalid_argument" {
-        "request"
-    } else {
-        limit_key
-    };
-    if let Ok(v) = MetadataValue::try_from(reason) {
-        out.0.metadata_mut().insert(REASON_KEY, v);
-    }
-    Some(out)
+    let err = crate::error::codec_error(path, st)?;
+    let kind = err.kind();
+    Some((err.into(), kind))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::Code;
 
     #[test]
     fn decode_failures_become_invalid_argument() {

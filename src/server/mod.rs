@@ -325,22 +325,4 @@ pub async fn run(
 }
 
 /// Hides a password in a URL for logs.
-pub fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(_) => url.to_owned(),
-        // Not a plain URL (e.g. `redis+cluster://u:pw@a:1,b:2`): blank
-        // whatever sits between `user:` and the last `@`.
-        Err(_) => match (url.find("://"), url.rfind('@')) {
-            (Some(s), Some(at)) if at > s => {
-                let userinfo = &url[s + 3..at];
-                let user = userinfo.split(':').next().unwrap_or_default();
-                format!("{}{user}:***{}", &url[..s + 3], &url[at..])
-            }
-            _ => url.to_owned(),
-        },
-    }
-}
+pub use crate::store::backend_url::redact;

@@ -2,10 +2,11 @@
 //! their backend URLs and the bounds of a memory that forgets.
 //!
 //! URLs: our own query options are taken out, the rest of the URL goes to
-//! the client library. Unknown query options are refused: a misspelt
-//! `slot_ttl_ms` that was silently ignored would quietly shorten how long a
-//! claim is remembered.
+//! the client library ([`super::backend_url`]). Unknown query options are
+//! refused: a misspelt `slot_ttl_ms` that was silently ignored would quietly
+//! shorten how long a claim is remembered.
 
+use super::backend_url::{split_options, Passthrough, UrlOptions};
 use crate::claim::{ClaimAnswer, ClaimSpec, Outcome};
 use crate::error::{Error, Result};
 
@@ -27,92 +28,34 @@ fn bad(m: impl Into<String>) -> Error {
     Error::invalid("backend", m)
 }
 
-/// The URL split into what goes to the client library and our options.
-#[derive(Debug, Default)]
-pub struct Split {
-    /// The URL without our options (other options are kept in order).
-    pub url: String,
-    /// Our options, in order.
-    pub ours: Vec<(String, String)>,
+/// A broker URL's own options and the client library's URL. `own` are the
+/// broker store's options, `passthrough` the client library's; each own
+/// option may be given once.
+pub fn split(url: &str, own: &[&str], passthrough: &[&str]) -> Result<UrlOptions> {
+    let opts = split_options(url, own, Passthrough::Only(passthrough))?;
+    opts.each_once()?;
+    Ok(opts)
 }
 
-/// Splits `url`'s query into ours (`own`) and the client library's
-/// (`passthrough`); anything else is an error naming the option.
-pub fn split(url: &str, own: &[&str], passthrough: &[&str]) -> Result<Split> {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, q),
-        None => (url, ""),
-    };
-    let mut out = Split::default();
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if own.contains(&k) {
-            if out.ours.iter().any(|(o, _)| o == k) {
-                return Err(bad(format!("option {k} is given twice")));
-            }
-            out.ours.push((k.to_owned(), v.to_owned()));
-        } else if passthrough.contains(&k) {
-            kept.push(pair);
-        } else {
-            let mut known: Vec<&str> = own.iter().chain(passthrough).copied().collect();
-            known.sort_unstable();
-            return Err(bad(format!(
-                "unknown option {k:?} in the backend URL; known: {}",
-                known.join(", ")
-            )));
-        }
+/// The `prefix` option: 1..=[`MAX_PREFIX_LEN`] bytes of `[A-Za-z0-9_-]` (no
+/// dots: it is one token of a NATS subject and names a JetStream stream).
+pub fn name_prefix(opts: &UrlOptions) -> Result<String> {
+    let p = opts.get("prefix").unwrap_or(DEFAULT_PREFIX);
+    if p.is_empty() || p.len() > MAX_PREFIX_LEN {
+        return Err(bad(format!(
+            "prefix must be 1..={MAX_PREFIX_LEN} bytes, got {}",
+            p.len()
+        )));
     }
-    out.url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok(out)
-}
-
-impl Split {
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.ours
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+    if let Some(c) = p
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-')))
+    {
+        return Err(bad(format!(
+            "prefix contains {c:?}; allowed are [A-Za-z0-9_-]"
+        )));
     }
-
-    /// A millisecond option within `min..=max`, or its default.
-    pub fn millis(&self, key: &str, default: u64, min: u64, max: u64) -> Result<u64> {
-        let Some(v) = self.get(key) else {
-            return Ok(default);
-        };
-        let n: u64 = v
-            .parse()
-            .map_err(|_| bad(format!("{key}={v:?} is not a whole number of milliseconds")))?;
-        if n < min || n > max {
-            return Err(bad(format!("{key}={n} must be within {min}..={max}")));
-        }
-        Ok(n)
-    }
-
-    /// The name prefix: 1..=29 bytes of `[A-Za-z0-9_-]` (no dots: it is one
-    /// token of a NATS subject and names a JetStream stream).
-    pub fn prefix(&self) -> Result<String> {
-        let p = self.get("prefix").unwrap_or(DEFAULT_PREFIX);
-        if p.is_empty() || p.len() > MAX_PREFIX_LEN {
-            return Err(bad(format!(
-                "prefix must be 1..={MAX_PREFIX_LEN} bytes, got {}",
-                p.len()
-            )));
-        }
-        if let Some(c) = p
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-')))
-        {
-            return Err(bad(format!(
-                "prefix contains {c:?}; allowed are [A-Za-z0-9_-]"
-            )));
-        }
-        Ok(p.to_owned())
-    }
+    Ok(p.to_owned())
 }
 
 /// Checks that a claim can be decided by a memory that forgets after
@@ -126,7 +69,7 @@ impl Split {
 /// refused instead of being decided by a memory that would lapse.
 /// Slot 0 (a lock not tied to time) is never late, so it is claimed once per
 /// `memory_ms`.
-pub fn admit(
+pub fn check_within_memory(
     backend: &str,
     option: &str,
     memory_ms: i64,
@@ -168,47 +111,27 @@ pub fn admit(
     Ok(None)
 }
 
-/// Hides the password of a URL, for messages.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (auth, tail) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match auth.rsplit_once('@') {
-        Some((cred, host)) => match cred.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => format!("{scheme}://{cred}@{host}{tail}"),
-        },
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn splits_own_and_passthrough_options() {
+    fn own_options_are_given_once() {
         let s = split(
-            "amqp://u:p@h:5672/%2f?heartbeat=10&prefix=x&slot_ttl_ms=90000",
-            &["prefix", "slot_ttl_ms"],
+            "amqp://u:p@h:5672/%2f?heartbeat=10&prefix=x",
+            &["prefix"],
             &["heartbeat"],
         )
         .unwrap();
-        assert_eq!(s.url, "amqp://u:p@h:5672/%2f?heartbeat=10");
-        assert_eq!(s.prefix().unwrap(), "x");
-        assert_eq!(s.millis("slot_ttl_ms", 1, 1, 100_000).unwrap(), 90_000);
-        assert_eq!(s.millis("timeout_ms", 7, 1, 100).unwrap(), 7);
+        assert_eq!(s.client_url(), "amqp://u:p@h:5672/%2f?heartbeat=10");
+        assert_eq!(name_prefix(&s).unwrap(), "x");
         assert!(split("nats://h?slot_tll_ms=1", &["slot_ttl_ms"], &[]).is_err());
         assert!(split("nats://h?prefix=a&prefix=b", &["prefix"], &[]).is_err());
     }
 
     #[test]
     fn prefixes() {
-        let p = |q: &str| split(&format!("nats://h?prefix={q}"), &["prefix"], &[])?.prefix();
+        let p = |q: &str| name_prefix(&split(&format!("nats://h?prefix={q}"), &["prefix"], &[])?);
         assert!(p("ok_Name-1").is_ok());
         assert!(p(&"x".repeat(MAX_PREFIX_LEN)).is_ok());
         for bad in [
@@ -221,14 +144,5 @@ mod tests {
         ] {
             assert!(p(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact("amqp://guest:secret@127.0.0.1:5672/%2f"),
-            "amqp://guest:***@127.0.0.1:5672/%2f"
-        );
-        assert_eq!(redact("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
     }
 }

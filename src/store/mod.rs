@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use crate::claim::*;
 use crate::error::{Error, Result};
 
+pub mod backend_url;
 mod broker;
 mod future;
 mod nats;

@@ -46,7 +46,8 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::broker::{self, redact};
+use super::backend_url::redact;
+use super::broker;
 use super::{Backend, Store, StoreInfo};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
@@ -58,10 +59,10 @@ pub const MAX_SCAN: usize = 20_000;
 /// Parses `nats://[user:pass@]host:port[,host:port…]?prefix=&duplicate_window_ms=&timeout_ms=`.
 pub fn parse_url(url: &str) -> Result<Backend> {
     let s = broker::split(url, &["prefix", "duplicate_window_ms", "timeout_ms"], &[])?;
-    servers(&s.url)?;
+    servers(&s.client_url())?;
     Ok(Backend::Nats {
-        url: s.url.clone(),
-        prefix: s.prefix()?,
+        url: s.client_url(),
+        prefix: broker::name_prefix(&s)?,
         duplicate_window_ms: s.millis(
             "duplicate_window_ms",
             broker::DEFAULT_MEMORY_MS,
@@ -493,7 +494,7 @@ impl Store for NatsStore {
     async fn claim(&self, spec: &ClaimSpec, _dead: &DeadHolders) -> Result<ClaimAnswer> {
         let now = host_now_ms();
         if let Some(late) =
-            broker::admit(BACKEND, "duplicate_window_ms", self.window_ms, spec, now)?
+            broker::check_within_memory(BACKEND, "duplicate_window_ms", self.window_ms, spec, now)?
         {
             return Ok(late);
         }

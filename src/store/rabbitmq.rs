@@ -47,7 +47,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ErrorKind};
 use tokio::sync::{Mutex, Semaphore};
 
-use super::broker::{self, redact};
+use super::backend_url::redact;
+use super::broker;
 use super::{Backend, Store, StoreInfo};
 use crate::claim::*;
 use crate::error::{Error, Result};
@@ -77,13 +78,13 @@ pub fn parse_url(url: &str) -> Result<Backend> {
             "auth_mechanism",
         ],
     )?;
-    lapin::uri::AMQPUri::from_str(&s.url).map_err(|e| {
+    lapin::uri::AMQPUri::from_str(&s.client_url()).map_err(|e| {
         Error::invalid(
             "backend",
             format!("{} is not an AMQP URL: {e}", redact(url)),
         )
     })?;
-    let prefix = s.prefix()?;
+    let prefix = broker::name_prefix(&s)?;
     if prefix == "amq" {
         return Err(Error::invalid(
             "backend",
@@ -91,7 +92,7 @@ pub fn parse_url(url: &str) -> Result<Backend> {
         ));
     }
     Ok(Backend::Amqp {
-        url: s.url.clone(),
+        url: s.client_url(),
         prefix,
         slot_ttl_ms: s.millis(
             "slot_ttl_ms",
@@ -356,7 +357,9 @@ impl Store for RabbitStore {
 
     async fn claim(&self, spec: &ClaimSpec, _dead: &DeadHolders) -> Result<ClaimAnswer> {
         let now = host_now_ms();
-        if let Some(late) = broker::admit(BACKEND, "slot_ttl_ms", self.slot_ttl_ms, spec, now)? {
+        if let Some(late) =
+            broker::check_within_memory(BACKEND, "slot_ttl_ms", self.slot_ttl_ms, spec, now)?
+        {
             return Ok(late);
         }
         let queue = self.gate(&spec.job, spec.slot_ms);

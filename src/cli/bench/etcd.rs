@@ -21,7 +21,7 @@ use anyhow::Context;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 
 use super::process::{
-    cpu_seconds, cpu_us_per_claim, free_port, status_kib, wait_ready, Guarded, ProcFigures,
+    cpu_seconds, cpu_us_per_claim, free_port, ready_figures, status_kib, Guarded, ProcFigures,
     RssSampler,
 };
 use super::{drive, PathFigures};
@@ -83,7 +83,7 @@ pub async fn start(dir: &Path) -> anyhow::Result<EtcdServer> {
         format!("is etcd installed? (Debian: apt-get install etcd-server; or set ANARCHON_ETCD to its path; tried {bin:?})")
     })?;
     let ep = client_url.clone();
-    let ready = wait_ready(&mut child, started, Duration::from_secs(60), || {
+    let figures = ready_figures(&mut child, started, || {
         let ep = ep.clone();
         async move {
             match connect(&ep).await {
@@ -93,12 +93,6 @@ pub async fn start(dir: &Path) -> anyhow::Result<EtcdServer> {
         }
     })
     .await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let figures = ProcFigures {
-        ready,
-        rss_idle_kib: status_kib(child.pid(), "VmRSS"),
-        ..ProcFigures::default()
-    };
     Ok(EtcdServer {
         endpoint: client_url,
         figures,

@@ -160,6 +160,27 @@ impl ProcFigures {
     }
 }
 
+/// Waits up to a minute for `probe` to succeed ([`wait_ready`]), lets the
+/// first connection's buffers settle, and takes the idle figures: the time
+/// from `started` to ready and the idle resident set.
+pub async fn ready_figures<F, Fut>(
+    child: &mut Guarded,
+    started: Instant,
+    probe: F,
+) -> anyhow::Result<ProcFigures>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let ready = wait_ready(child, started, Duration::from_secs(60), probe).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(ProcFigures {
+        ready,
+        rss_idle_kib: status_kib(child.pid(), "VmRSS"),
+        ..ProcFigures::default()
+    })
+}
+
 /// Calls `probe` every 5 ms until it succeeds, the child exits or `limit`
 /// passes; returns the time since `started`.
 pub async fn wait_ready<F, Fut>(

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 use super::process::{
-    cpu_seconds, cpu_us_per_claim, free_port, status_kib, wait_ready, Guarded, ProcFigures,
+    cpu_seconds, cpu_us_per_claim, free_port, ready_figures, status_kib, Guarded, ProcFigures,
     RssSampler,
 };
 use super::{drive, PathFigures};
@@ -70,17 +70,7 @@ pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
         .env("RUST_LOG", "warn");
     let started = Instant::now();
     let mut child = Guarded::spawn("anarchon serve", cmd, &data_dir.join("serve.log"))?;
-    let ready = wait_ready(&mut child, started, Duration::from_secs(60), || {
-        answers(addr)
-    })
-    .await?;
-    // Let the first connection's buffers settle before the idle reading.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let figures = ProcFigures {
-        ready,
-        rss_idle_kib: status_kib(child.pid(), "VmRSS"),
-        ..ProcFigures::default()
-    };
+    let figures = ready_figures(&mut child, started, || answers(addr)).await?;
     Ok(Sidecar {
         addr,
         figures,

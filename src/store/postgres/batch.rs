@@ -25,7 +25,7 @@ use sqlx::Row;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::pool::Pool;
-use super::{answer_of, classify, Attempt, Fail};
+use super::{answer_of, classify, AttemptError, AttemptResult};
 use crate::claim::*;
 use crate::error::Error;
 
@@ -35,7 +35,7 @@ const QUEUE: usize = 4096;
 struct Pending {
     spec: ClaimSpec,
     dead: DeadHolders,
-    reply: oneshot::Sender<Attempt<ClaimAnswer>>,
+    reply: oneshot::Sender<AttemptResult<ClaimAnswer>>,
 }
 
 /// The handle the store holds; dropping it ends the gathering task once the
@@ -75,7 +75,11 @@ impl Batcher {
 
     /// One claim, answered when the batch it joined has committed, or at
     /// once when it ran alone.
-    pub(super) async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Attempt<ClaimAnswer> {
+    pub(super) async fn claim(
+        &self,
+        spec: &ClaimSpec,
+        dead: &DeadHolders,
+    ) -> AttemptResult<ClaimAnswer> {
         let idle = self.queue.capacity() == self.queue.max_capacity()
             && self.slots.available_permits() == self.in_flight;
         if idle {
@@ -85,7 +89,7 @@ impl Batcher {
         }
         let (reply, answer) = oneshot::channel();
         let stopped = || {
-            Fail::Final(Error::Unavailable(
+            AttemptError::Final(Error::Unavailable(
                 "postgres: the claim batcher stopped".into(),
             ))
         };
@@ -164,8 +168,8 @@ async fn flush(
     }
 }
 
-fn missing() -> Fail {
-    Fail::Final(Error::Store(
+fn missing() -> AttemptError {
+    AttemptError::Final(Error::Store(
         "postgres: the claim batch returned no row for a claim".into(),
     ))
 }
@@ -176,7 +180,7 @@ async fn claim_one(
     sql: &str,
     spec: &ClaimSpec,
     dead: &DeadHolders,
-) -> Attempt<ClaimAnswer> {
+) -> AttemptResult<ClaimAnswer> {
     let (dead_nodes, dead_instances) = dead_arrays(dead);
     let (current_nodes, current_instances) = current_arrays(dead);
     let mut conn = pool.acquire().await?;
@@ -218,7 +222,7 @@ async fn call(
     sql: &str,
     specs: &[ClaimSpec],
     dead: &DeadHolders,
-) -> Attempt<Vec<Option<Attempt<ClaimAnswer>>>> {
+) -> AttemptResult<Vec<Option<AttemptResult<ClaimAnswer>>>> {
     let (dead_nodes, dead_instances) = dead_arrays(dead);
     let (current_nodes, current_instances) = current_arrays(dead);
     // [`flush`] gathered claims of one holder.
@@ -251,11 +255,11 @@ async fn call(
         .fetch_all(&mut *conn)
         .await?;
     conn.done();
-    let mut out: Vec<Option<Attempt<ClaimAnswer>>> = (0..specs.len()).map(|_| None).collect();
+    let mut out: Vec<Option<AttemptResult<ClaimAnswer>>> = (0..specs.len()).map(|_| None).collect();
     for row in &rows {
         let index: i32 = row.try_get("idx")?;
         let Some(slot) = usize::try_from(index - 1).ok().and_then(|i| out.get_mut(i)) else {
-            return Err(Fail::Final(Error::Store(format!(
+            return Err(AttemptError::Final(Error::Store(format!(
                 "postgres: the claim batch answered for element {index} of {}",
                 specs.len()
             ))));
@@ -266,7 +270,7 @@ async fn call(
 }
 
 /// One element's answer: its error, or its decision.
-fn element(row: &PgRow, spec: &ClaimSpec) -> Attempt<ClaimAnswer> {
+fn element(row: &PgRow, spec: &ClaimSpec) -> AttemptResult<ClaimAnswer> {
     if let Some(e) = row.try_get::<Option<String>, _>("error")? {
         let (code, message) = e.split_once(' ').unwrap_or((e.as_str(), ""));
         return Err(classify(code, format!("postgres: {message} ({code})")));
@@ -274,13 +278,15 @@ fn element(row: &PgRow, spec: &ClaimSpec) -> Attempt<ClaimAnswer> {
     answer_of(row, spec)
 }
 
-impl Fail {
+impl AttemptError {
     /// The same failure, for each claim of a batch that failed as a whole.
-    fn duplicate(&self) -> Fail {
+    fn duplicate(&self) -> AttemptError {
         match self {
-            Fail::Conflict(m) => Fail::Conflict(m.clone()),
-            Fail::Final(Error::Unavailable(m)) => Fail::Final(Error::Unavailable(m.clone())),
-            Fail::Final(e) => Fail::Final(Error::Store(e.to_string())),
+            AttemptError::Conflict(m) => AttemptError::Conflict(m.clone()),
+            AttemptError::Final(Error::Unavailable(m)) => {
+                AttemptError::Final(Error::Unavailable(m.clone()))
+            }
+            AttemptError::Final(e) => AttemptError::Final(Error::Store(e.to_string())),
         }
     }
 }

@@ -12,25 +12,26 @@ const CONFLICT_RETRIES: usize = 5;
 
 /// How one attempt failed: a conflict worth another try, or for good.
 #[derive(Debug)]
-pub(super) enum Fail {
+pub(super) enum AttemptError {
     /// Serialization failure (40001) or deadlock (40P01).
     Conflict(String),
     Final(Error),
 }
 
-pub(super) type Attempt<T> = std::result::Result<T, Fail>;
+/// What one attempt returns: its value, or how it failed.
+pub(super) type AttemptResult<T> = std::result::Result<T, AttemptError>;
 
-impl From<Error> for Fail {
-    fn from(e: Error) -> Fail {
-        Fail::Final(e)
+impl From<Error> for AttemptError {
+    fn from(e: Error) -> AttemptError {
+        AttemptError::Final(e)
     }
 }
 
 /// Translates sqlx errors: conflicts are retried; a lost connection, a
 /// server going down, an exhausted pool or I/O trouble is `UNAVAILABLE`;
 /// anything else a store error. Never a win.
-impl From<sqlx::Error> for Fail {
-    fn from(e: sqlx::Error) -> Fail {
+impl From<sqlx::Error> for AttemptError {
+    fn from(e: sqlx::Error) -> AttemptError {
         match &e {
             sqlx::Error::Database(db) => {
                 classify(&db.code().unwrap_or_default(), format!("postgres: {db}"))
@@ -40,9 +41,9 @@ impl From<sqlx::Error> for Fail {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => {
-                Fail::Final(Error::Unavailable(format!("postgres: {e}")))
+                AttemptError::Final(Error::Unavailable(format!("postgres: {e}")))
             }
-            _ => Fail::Final(Error::Store(format!("postgres: {e}"))),
+            _ => AttemptError::Final(Error::Store(format!("postgres: {e}"))),
         }
     }
 }
@@ -52,28 +53,28 @@ impl From<sqlx::Error> for Fail {
 /// intervention (shutdown, terminated backend, cancelled statement), a
 /// read-only standby after a failover and a lock timeout are
 /// `UNAVAILABLE`; anything else a store error.
-pub(super) fn classify(code: &str, message: String) -> Fail {
+pub(super) fn classify(code: &str, message: String) -> AttemptError {
     match code {
-        "40001" | "40P01" => Fail::Conflict(message),
+        "40001" | "40P01" => AttemptError::Conflict(message),
         c if c.starts_with("08")
             || c.starts_with("53")
             || c.starts_with("57")
             || c == "25006"
             || c == "55P03" =>
         {
-            Fail::Final(Error::Unavailable(message))
+            AttemptError::Final(Error::Unavailable(message))
         }
-        _ => Fail::Final(Error::Store(message)),
+        _ => AttemptError::Final(Error::Store(message)),
     }
 }
 
-impl Fail {
+impl AttemptError {
     pub(super) fn into_error(self) -> Error {
         match self {
-            Fail::Conflict(m) => Error::Unavailable(format!(
+            AttemptError::Conflict(m) => Error::Unavailable(format!(
                 "still conflicting after {CONFLICT_RETRIES} retries: {m}"
             )),
-            Fail::Final(e) => e,
+            AttemptError::Final(e) => e,
         }
     }
 }
@@ -83,7 +84,7 @@ impl Fail {
 pub(super) async fn retry_conflicts<T, F, Fut>(op: F) -> Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Attempt<T>>,
+    Fut: Future<Output = AttemptResult<T>>,
 {
     let policy = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(2))
@@ -91,10 +92,10 @@ where
         .with_max_times(CONFLICT_RETRIES)
         .with_jitter();
     op.retry(policy)
-        .when(|f| matches!(f, Fail::Conflict(_)))
+        .when(|f| matches!(f, AttemptError::Conflict(_)))
         .notify(|f, after| tracing::debug!(error = ?f, ?after, "postgres conflict, retrying"))
         .await
-        .map_err(Fail::into_error)
+        .map_err(AttemptError::into_error)
 }
 
 #[cfg(test)]
@@ -141,28 +142,37 @@ mod tests {
     #[test]
     fn errors_are_translated() {
         for c in ["40001", "40P01"] {
-            assert!(matches!(Fail::from(db(c)), Fail::Conflict(_)), "{c}");
+            assert!(
+                matches!(AttemptError::from(db(c)), AttemptError::Conflict(_)),
+                "{c}"
+            );
         }
         for c in [
             "08006", "57P01", "57P03", "53300", "25006", "55P03", "57014",
         ] {
             assert!(
-                matches!(Fail::from(db(c)).into_error(), Error::Unavailable(_)),
+                matches!(
+                    AttemptError::from(db(c)).into_error(),
+                    Error::Unavailable(_)
+                ),
                 "{c}"
             );
         }
         for c in ["23505", "42P01", "22P02"] {
             assert!(
-                matches!(Fail::from(db(c)).into_error(), Error::Store(_)),
+                matches!(AttemptError::from(db(c)).into_error(), Error::Store(_)),
                 "{c}"
             );
         }
         let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         for e in [io, sqlx::Error::PoolTimedOut, sqlx::Error::PoolClosed] {
-            assert!(matches!(Fail::from(e).into_error(), Error::Unavailable(_)));
+            assert!(matches!(
+                AttemptError::from(e).into_error(),
+                Error::Unavailable(_)
+            ));
         }
         assert!(matches!(
-            Fail::from(sqlx::Error::RowNotFound).into_error(),
+            AttemptError::from(sqlx::Error::RowNotFound).into_error(),
             Error::Store(_)
         ));
     }
@@ -173,7 +183,7 @@ mod tests {
         let tries = std::sync::atomic::AtomicUsize::new(0);
         let out = retry_conflicts(|| async {
             match tries.fetch_add(1, Ordering::SeqCst) {
-                0 | 1 => Err(Fail::from(db("40P01"))),
+                0 | 1 => Err(AttemptError::from(db("40P01"))),
                 _ => Ok(7),
             }
         })
@@ -184,7 +194,7 @@ mod tests {
         tries.store(0, Ordering::SeqCst);
         let out: Result<()> = retry_conflicts(|| async {
             tries.fetch_add(1, Ordering::SeqCst);
-            Err(Fail::from(db("40001")))
+            Err(AttemptError::from(db("40001")))
         })
         .await;
         assert!(matches!(out, Err(Error::Unavailable(_))), "{out:?}");
@@ -194,7 +204,7 @@ mod tests {
         tries.store(0, Ordering::SeqCst);
         let out: Result<()> = retry_conflicts(|| async {
             tries.fetch_add(1, Ordering::SeqCst);
-            Err(Fail::from(db("57P01")))
+            Err(AttemptError::from(db("57P01")))
         })
         .await;
         assert!(matches!(out, Err(Error::Unavailable(_))));

@@ -4,7 +4,7 @@
 use sha2::{Digest, Sha256};
 use sqlx::{Connection, Executor, PgConnection};
 
-use super::errors::Attempt;
+use super::errors::AttemptResult;
 use crate::error::{Error, Result};
 
 /// The embedded migrations: version, name, SQL with `{prefix}` for the table
@@ -63,7 +63,7 @@ pub(super) async fn migrate(conn: &mut PgConnection, table: &str) -> Result<()> 
         })
 }
 
-async fn migrate_once(conn: &mut PgConnection, table: &str) -> Attempt<()> {
+async fn migrate_once(conn: &mut PgConnection, table: &str) -> AttemptResult<()> {
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {table}_migrations (
            version    INTEGER     PRIMARY KEY,

@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgRow};
 use sqlx::{Connection, PgConnection, Row};
 
-use self::errors::{classify, retry_conflicts, Attempt, Fail};
+use self::errors::{classify, retry_conflicts, AttemptError, AttemptResult};
 use self::migrate::migrate;
 use self::pool::Pool;
 use self::statements::{Statements, NOW_MS};
@@ -86,13 +86,13 @@ impl PostgresStore {
         let pool = Arc::new(Pool::new(connect, target.max_connections, ACQUIRE_TIMEOUT));
         let id = {
             // Reachable at start, or the sidecar does not start.
-            let mut conn = pool.acquire().await.map_err(Fail::into_error)?;
+            let mut conn = pool.acquire().await.map_err(AttemptError::into_error)?;
             migrate(&mut conn, table).await?;
             let select = format!("SELECT value FROM {table}_meta WHERE key = 'store_id'");
             let id: String = sqlx::query_scalar(&select)
                 .fetch_one(&mut *conn)
                 .await
-                .map_err(|e| Fail::from(e).into_error())?;
+                .map_err(|e| AttemptError::from(e).into_error())?;
             // A bare postgres:// URL picks the database and user from the
             // environment (often the OS user): say which at start.
             if let Ok((db, user)) = sqlx::query_as::<_, (String, String)>(
@@ -130,7 +130,7 @@ impl PostgresStore {
 }
 
 /// The run in a row whose run columns may all be NULL (no run).
-fn optional_run(row: &PgRow) -> Attempt<Option<RunRow>> {
+fn optional_run(row: &PgRow) -> AttemptResult<Option<RunRow>> {
     if row.try_get::<Option<String>, _>("state")?.is_none() {
         return Ok(None);
     }
@@ -140,7 +140,7 @@ fn optional_run(row: &PgRow) -> Attempt<Option<RunRow>> {
 /// A claim's answer from a row of `<prefix>_claim` (or of one element of
 /// `<prefix>_claim_batch`), under the column names of
 /// [`Statements::claim_batch`].
-fn answer_of(row: &PgRow, spec: &ClaimSpec) -> Attempt<ClaimAnswer> {
+fn answer_of(row: &PgRow, spec: &ClaimSpec) -> AttemptResult<ClaimAnswer> {
     let now: i64 = row.try_get("now_ms")?;
     let decision: String = row.try_get("decision")?;
     let d = match decision.as_str() {
@@ -178,9 +178,9 @@ struct PgRuns<'a> {
 
 #[async_trait]
 impl RunAccess for PgRuns<'_> {
-    type Err = Fail;
+    type Err = AttemptError;
 
-    async fn run(&mut self, job: &Job, slot: SlotMs) -> Attempt<Option<RunRow>> {
+    async fn run(&mut self, job: &Job, slot: SlotMs) -> AttemptResult<Option<RunRow>> {
         let row = sqlx::query(&self.sql.run_for_update)
             .bind(job.as_str())
             .bind(slot)
@@ -189,7 +189,7 @@ impl RunAccess for PgRuns<'_> {
         Ok(row.as_ref().map(run_from_row).transpose()?)
     }
 
-    async fn others(&mut self, job: &Job, slot: SlotMs, now: i64) -> Attempt<Vec<RunRow>> {
+    async fn others(&mut self, job: &Job, slot: SlotMs, now: i64) -> AttemptResult<Vec<RunRow>> {
         let rows = sqlx::query(&self.sql.others)
             .bind(job.as_str())
             .bind(slot)
@@ -199,14 +199,14 @@ impl RunAccess for PgRuns<'_> {
         Ok(rows.iter().map(run_from_row).collect::<Result<_>>()?)
     }
 
-    async fn next_fence(&mut self, _job: &Job) -> Attempt<u64> {
+    async fn next_fence(&mut self, _job: &Job) -> AttemptResult<u64> {
         // The job row is locked: nobody else moves its counter until COMMIT,
         // and `write` stores the new value together with the run.
         self.fence += 1;
         Ok(self.fence)
     }
 
-    async fn write(&mut self, job: &Job, run: &RunRow) -> Attempt<()> {
+    async fn write(&mut self, job: &Job, run: &RunRow) -> AttemptResult<()> {
         sql::bind_run(sqlx::query(&self.sql.write_run), job, run)
             .bind(self.fence as i64)
             .execute(&mut *self.conn)
@@ -215,7 +215,13 @@ impl RunAccess for PgRuns<'_> {
         Ok(())
     }
 
-    async fn extend(&mut self, job: &Job, slot: SlotMs, now: i64, lease_ms: i64) -> Attempt<i64> {
+    async fn extend(
+        &mut self,
+        job: &Job,
+        slot: SlotMs,
+        now: i64,
+        lease_ms: i64,
+    ) -> AttemptResult<i64> {
         let lease_until: i64 = sqlx::query_scalar(&self.sql.renew)
             .bind(job.as_str())
             .bind(slot)
@@ -226,7 +232,13 @@ impl RunAccess for PgRuns<'_> {
         Ok(lease_until)
     }
 
-    async fn finish(&mut self, job: &Job, slot: SlotMs, state: RunState, now: i64) -> Attempt<()> {
+    async fn finish(
+        &mut self,
+        job: &Job,
+        slot: SlotMs,
+        state: RunState,
+        now: i64,
+    ) -> AttemptResult<()> {
         sqlx::query(&self.sql.release)
             .bind(job.as_str())
             .bind(slot)
@@ -237,7 +249,7 @@ impl RunAccess for PgRuns<'_> {
         Ok(())
     }
 
-    async fn liveness(&mut self, holders: &[Holder]) -> Attempt<Vec<u64>> {
+    async fn liveness(&mut self, holders: &[Holder]) -> AttemptResult<Vec<u64>> {
         let rows = fetch_liveness(&mut *self.conn, &self.sql.liveness_for_share, holders).await?;
         Ok(rows)
     }
@@ -249,7 +261,7 @@ async fn fetch_liveness(
     conn: &mut PgConnection,
     sql: &str,
     holders: &[Holder],
-) -> Attempt<Vec<u64>> {
+) -> AttemptResult<Vec<u64>> {
     let (nodes, instances): (Vec<&str>, Vec<i64>) = holders
         .iter()
         .map(|h| (h.node.as_str(), h.instance as i64))
@@ -282,7 +294,7 @@ impl PostgresStore {
     async fn retrying<T, F, Fut>(&self, op: F) -> Result<T>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Attempt<T>>,
+        Fut: Future<Output = AttemptResult<T>>,
     {
         let out = retry_conflicts(op).await;
         if let Err(Error::Unavailable(e)) = &out {
@@ -293,7 +305,7 @@ impl PostgresStore {
     }
 
     /// One statement on a lent connection; the rows it changed.
-    async fn execute(&self, q: PgQuery<'_>) -> Attempt<u64> {
+    async fn execute(&self, q: PgQuery<'_>) -> AttemptResult<u64> {
         let mut conn = self.pool.acquire().await?;
         let n = q.execute(&mut *conn).await?.rows_affected();
         conn.done();
@@ -301,7 +313,7 @@ impl PostgresStore {
     }
 
     /// One query on a lent connection; its rows.
-    async fn fetch_all(&self, q: PgQuery<'_>) -> Attempt<Vec<PgRow>> {
+    async fn fetch_all(&self, q: PgQuery<'_>) -> AttemptResult<Vec<PgRow>> {
         let mut conn = self.pool.acquire().await?;
         let rows = q.fetch_all(&mut *conn).await?;
         conn.done();
@@ -323,7 +335,7 @@ impl PostgresStore {
         conn: &mut PgConnection,
         job: &Job,
         slot: SlotMs,
-    ) -> Attempt<(i64, Option<RunRow>)> {
+    ) -> AttemptResult<(i64, Option<RunRow>)> {
         let row = sqlx::query(&self.sql.peek)
             .bind(job.as_str())
             .bind(slot)
@@ -333,7 +345,11 @@ impl PostgresStore {
     }
 
     /// Locks an existing job row; `None` when the job has no row (so no runs).
-    async fn lock_existing_job(&self, conn: &mut PgConnection, job: &Job) -> Attempt<Option<i64>> {
+    async fn lock_existing_job(
+        &self,
+        conn: &mut PgConnection,
+        job: &Job,
+    ) -> AttemptResult<Option<i64>> {
         Ok(sqlx::query_scalar(&self.sql.lock_existing_job)
             .bind(job.as_str())
             .fetch_optional(conn)
@@ -344,7 +360,7 @@ impl PostgresStore {
         &self,
         spec: &ClaimSpec,
         dead: &DeadHolders,
-    ) -> Attempt<ClaimAnswer> {
+    ) -> AttemptResult<ClaimAnswer> {
         // Read before the transaction: most answers need no lock.
         {
             let mut conn = self.pool.acquire().await?;
@@ -381,7 +397,7 @@ impl PostgresStore {
     }
 
     /// The run, read without a lock.
-    async fn snapshot(&self, job: &Job, slot: SlotMs) -> Attempt<Option<RunRow>> {
+    async fn snapshot(&self, job: &Job, slot: SlotMs) -> AttemptResult<Option<RunRow>> {
         let mut conn = self.pool.acquire().await?;
         let (_, run) = self.peek(&mut conn, job, slot).await?;
         conn.done();
@@ -390,14 +406,14 @@ impl PostgresStore {
 
     /// For renew and release: takes the job's lock and returns the clock
     /// after it. A job without a row has no runs.
-    async fn lock_job_of_run(&self, conn: &mut PgConnection, job: &Job) -> Attempt<i64> {
+    async fn lock_job_of_run(&self, conn: &mut PgConnection, job: &Job) -> AttemptResult<i64> {
         Ok(self
             .lock_existing_job(conn, job)
             .await?
             .ok_or_else(|| Error::NotFound("no such run".into()))?)
     }
 
-    async fn renew_once(&self, spec: &RenewSpec, dead: &DeadHolders) -> Attempt<Renewed> {
+    async fn renew_once(&self, spec: &RenewSpec, dead: &DeadHolders) -> AttemptResult<Renewed> {
         // Refuse without a lock when a plain read already says so.
         let snap = self.snapshot(&spec.job, spec.slot_ms).await?;
         decide_renew(snap.as_ref(), &spec.token, dead)?;
@@ -410,7 +426,7 @@ impl PostgresStore {
         Ok(out)
     }
 
-    async fn release_once(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Attempt<()> {
+    async fn release_once(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> AttemptResult<()> {
         let snap = self.snapshot(&spec.job, spec.slot_ms).await?;
         if decide_release(snap.as_ref(), &spec.token, dead)? == ReleaseDecision::AlreadyReleased {
             return Ok(());
@@ -424,7 +440,12 @@ impl PostgresStore {
         Ok(())
     }
 
-    async fn end_lease_once(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Attempt<bool> {
+    async fn end_lease_once(
+        &self,
+        job: &Job,
+        slot_ms: SlotMs,
+        token: &Token,
+    ) -> AttemptResult<bool> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
         let Some(now) = self.lock_existing_job(&mut tx, job).await? else {

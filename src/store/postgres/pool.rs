@@ -24,7 +24,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use super::{Attempt, Fail};
+use super::{AttemptError, AttemptResult};
 use crate::error::Error;
 
 pub(super) struct Pool {
@@ -78,11 +78,11 @@ impl Pool {
     /// Lends a connection: an idle one (checked if suspect), else a new one.
     /// `UNAVAILABLE` when none is free within the timeout or the server
     /// cannot be reached.
-    pub(super) async fn acquire(&self) -> Attempt<Conn<'_>> {
+    pub(super) async fn acquire(&self) -> AttemptResult<Conn<'_>> {
         let permit = tokio::time::timeout(self.timeout, self.permits.acquire())
             .await
-            .map_err(|_| Fail::from(sqlx::Error::PoolTimedOut))?
-            .map_err(|_| Fail::from(sqlx::Error::PoolClosed))?;
+            .map_err(|_| AttemptError::from(sqlx::Error::PoolTimedOut))?
+            .map_err(|_| AttemptError::from(sqlx::Error::PoolClosed))?;
         let lent_at = Instant::now();
         loop {
             let next = self.lock_idle().pop();
@@ -103,7 +103,7 @@ impl Pool {
         let conn = tokio::time::timeout(self.timeout, self.connect.connect())
             .await
             .map_err(|_| {
-                Fail::Final(Error::Unavailable(
+                AttemptError::Final(Error::Unavailable(
                     "postgres: no connection within the timeout".into(),
                 ))
             })??;

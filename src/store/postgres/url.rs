@@ -1,7 +1,17 @@
 //! The PostgreSQL backend URL: where the store is and how it runs.
 
+use super::super::backend_url::{split_options, Passthrough};
 use super::super::Backend;
 use crate::error::{Error, Result};
+
+/// The query options the store takes; every other one goes to the driver.
+const OPTIONS: &[&str] = &[
+    "table",
+    "max_connections",
+    "claim",
+    "max_batch",
+    "batches_in_flight",
+];
 
 /// The table prefix when the URL names none.
 pub const DEFAULT_TABLE: &str = "anarchon";
@@ -51,14 +61,14 @@ pub enum PgClaim {
 /// `anarchon/<prefix>`, so an operator can find them in `pg_stat_activity`.
 pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
     // The URL itself is not repeated: it may hold a password.
-    let mut u = url::Url::parse(url)
+    url::Url::parse(url)
         .map_err(|e| Error::invalid("backend", format!("not a valid postgres:// URL: {e}")))?;
+    let opts = split_options(url, OPTIONS, Passthrough::Any)?;
     let mut table = DEFAULT_TABLE.to_owned();
     let mut max_connections = DEFAULT_MAX_CONNECTIONS;
     let mut claim = PgClaim::Function;
     let mut max_batch = DEFAULT_MAX_BATCH;
     let mut batches_in_flight = DEFAULT_BATCHES_IN_FLIGHT;
-    let mut named = false;
     let number = |field: &'static str, v: &str, max: usize| {
         v.parse::<usize>()
             .ok()
@@ -70,26 +80,16 @@ pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
                 )
             })
     };
-    let mut rest = Vec::new();
-    for (k, v) in u.query_pairs() {
-        match &*k {
-            "table" => table = v.into_owned(),
+    for (k, v) in &opts.own {
+        match k.as_str() {
+            "table" => table = v.clone(),
             "max_connections" => {
-                max_connections = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=1000).contains(n))
-                    .ok_or_else(|| {
-                        Error::invalid(
-                            "max_connections",
-                            format!("must be a number from 1 to 1000, got {v:?}"),
-                        )
-                    })?
+                max_connections = number("max_connections", v, 1000)? as u32;
             }
-            "max_batch" => max_batch = number("max_batch", &v, 64)?,
-            "batches_in_flight" => batches_in_flight = number("batches_in_flight", &v, 1000)?,
+            "max_batch" => max_batch = number("max_batch", v, 64)?,
+            "batches_in_flight" => batches_in_flight = number("batches_in_flight", v, 1000)?,
             "claim" => {
-                claim = match &*v {
+                claim = match v.as_str() {
                     "function" => PgClaim::Function,
                     "transaction" => PgClaim::Transaction,
                     other => {
@@ -100,19 +100,26 @@ pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
                     }
                 }
             }
-            _ => {
-                named |= k == "application_name";
-                rest.push((k.into_owned(), v.into_owned()));
-            }
+            // split_options let no other option through as ours.
+            _ => {}
         }
     }
     check_table(&table)?;
+    let mut driver = opts;
+    let named = driver.passthrough.iter().any(|p| {
+        url::form_urlencoded::parse(p.as_bytes())
+            .next()
+            .is_some_and(|(k, _)| k == "application_name")
+    });
     if !named {
-        rest.push(("application_name".into(), format!("anarchon/{table}")));
+        driver.passthrough.push(
+            url::form_urlencoded::Serializer::new(String::new())
+                .append_pair("application_name", &format!("anarchon/{table}"))
+                .finish(),
+        );
     }
-    u.query_pairs_mut().clear().extend_pairs(rest);
     Ok(Backend::Postgres(PgTarget {
-        url: u.to_string(),
+        url: driver.client_url(),
         table,
         max_connections,
         claim,

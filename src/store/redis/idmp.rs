@@ -21,10 +21,10 @@
 //! machine has Redis 7.0); its tests run when `ANARCHON_TEST_REDIS_IDMP_URL`
 //! names a Redis ≥ 8.6.
 
-use ::redis::{Script, Value};
+use ::redis::Script;
 
 use super::once::{once_store, OnceBase};
-use super::{convert, server_version, Conn, RedisConfig, Strategy};
+use super::{load_script, server_version, Conn, RedisConfig, Strategy};
 use crate::claim::*;
 use crate::error::{Error, Result};
 use crate::store::StoreInfo;
@@ -63,12 +63,7 @@ impl IdmpStore {
                 ),
             ));
         }
-        let script = Script::new(IDMP_LUA);
-        script
-            .prepare_invoke()
-            .load_async(&mut conn.clone())
-            .await
-            .map_err(convert)?;
+        let script = load_script(&conn, IDMP_LUA).await?;
         let duration_s = cfg.idmp_duration_ms.div_ceil(1000);
         let info = StoreInfo {
             backend: cfg.backend_name(),
@@ -104,9 +99,7 @@ impl IdmpStore {
             .arg(self.duration_s)
             .arg(self.maxsize)
             .arg(self.duration_s * 2000);
-        let marker = self.base.ack_key(&spec.job);
-        let v: Value = self.base.conn.invoke_acked(&inv, &marker).await?;
-        self.base.script_answer(spec, v, "max_late_ms")
+        self.base.claim_by_script(spec, &inv).await
     }
 
     async fn do_release(&self, spec: &ReleaseSpec) -> Result<()> {
@@ -119,13 +112,12 @@ impl IdmpStore {
         limit: u32,
         before_slot_ms: Option<i64>,
     ) -> Result<HistoryPage> {
-        let entries = self.base.recent_entries(job).await?;
         let note = format!(
             "redis idmp remembers claims for IDMP-DURATION = {} s, and results when released; no leases, attempts or takeovers",
             self.duration_s
         );
         self.base
-            .history_of(job, entries, limit, before_slot_ms, note)
+            .recent_history(job, limit, before_slot_ms, note)
             .await
     }
 }

@@ -29,7 +29,7 @@ use ::redis::{Script, ScriptInvocation, Value};
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 
-use super::{convert, holder_key, reply, Conn, JobKeys, RedisConfig};
+use super::{convert, holder_key, load_script, reply, Conn, JobKeys, RedisConfig};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
 use crate::store::{Leases, Store, StoreInfo, StoreOptions};
@@ -56,7 +56,7 @@ pub struct LeaseStore {
     registered: Mutex<HashSet<Job>>,
     /// One server only: the id of the memory record last seen (see
     /// "Restarts" in docs/stores/redis.md), empty before the first.
-    memory: Mutex<String>,
+    memory_record_id: Mutex<String>,
     quarantine_ms: u64,
     /// A cluster or a Sentinel group (replicas, failovers): fencing numbers
     /// never fall below a thousand per millisecond of the store's clock.
@@ -65,17 +65,10 @@ pub struct LeaseStore {
 
 impl LeaseStore {
     pub(crate) async fn open(conn: Conn, cfg: &RedisConfig, opts: &StoreOptions) -> Result<Self> {
-        let script = Script::new(LEASE_LUA);
-        // Load it now: a broken server or script fails at start, not at the
-        // first claim.
-        script
-            .prepare_invoke()
-            .load_async(&mut conn.clone())
-            .await
-            .map_err(convert)?;
+        let script = load_script(&conn, LEASE_LUA).await?;
         // The record this server holds now, if any: from here on its loss
         // means the server forgot.
-        let memory = if conn.is_cluster() {
+        let memory_record_id = if conn.is_cluster() {
             String::new()
         } else {
             let v: Option<String> = conn
@@ -103,7 +96,7 @@ impl LeaseStore {
             },
             prune_cursor: tokio::sync::Mutex::new(0),
             registered: Mutex::new(HashSet::new()),
-            memory: Mutex::new(memory),
+            memory_record_id: Mutex::new(memory_record_id),
             quarantine_ms: cfg.quarantine_ms,
             time_fence: cfg.cluster || cfg.sentinel.is_some(),
         })
@@ -313,7 +306,7 @@ impl Store for LeaseStore {
                 .key(liveness_key(&self.prefix));
         }
         let expected = self
-            .memory
+            .memory_record_id
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
@@ -343,7 +336,10 @@ impl Store for LeaseStore {
                         "redis forgot its claims (a restart without persistence, FLUSHALL or eviction)"
                     );
                 }
-                *self.memory.lock().unwrap_or_else(|p| p.into_inner()) = seen;
+                *self
+                    .memory_record_id
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = seen;
             }
         }
         let code = reply::int(r.first())?;

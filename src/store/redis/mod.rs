@@ -45,6 +45,7 @@ use std::sync::Arc;
 use ::redis::cluster::ClusterClient;
 use ::redis::{RedisError, Value};
 
+use super::backend_url::{redact, split_options, Passthrough};
 use super::{DynStore, StoreOptions};
 use crate::claim::{host_now_ms, Holder, Job};
 use crate::error::{Error, Result};
@@ -149,17 +150,18 @@ impl fmt::Debug for RedisConfig {
     }
 }
 
-/// `redis://user:secret@host` → `redis://user:***@host`.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{}:***{}", &url[..s + 3], user, &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
+/// The query options of a Redis backend URL.
+const OPTIONS: &[&str] = &[
+    "strategy",
+    "prefix",
+    "window_ms",
+    "idmp_duration_ms",
+    "idmp_maxsize",
+    "history_maxlen",
+    "quarantine_ms",
+    "min_replicas",
+    "replica_timeout_ms",
+];
 
 pub const DEFAULT_PREFIX: &str = "anarchon";
 pub const DEFAULT_WINDOW_MS: u64 = 24 * 3_600_000;
@@ -174,13 +176,11 @@ impl RedisConfig {
     /// Parses and checks a `redis://` or `redis+cluster://` URL without connecting.
     pub fn parse(url: &str) -> Result<RedisConfig> {
         let bad = |m: String| Error::invalid("backend", m);
-        let (scheme, rest) = url
+        let opts = split_options(url, OPTIONS, Passthrough::Only(&[]))?;
+        let (scheme, base) = opts
+            .base
             .split_once("://")
             .ok_or_else(|| bad(format!("{} is not a URL", redact(url))))?;
-        let (base, query) = match rest.split_once('?') {
-            Some((b, q)) => (b, q),
-            None => (rest, ""),
-        };
         let mut cfg = RedisConfig {
             cluster: false,
             nodes: Vec::new(),
@@ -196,30 +196,28 @@ impl RedisConfig {
             min_replicas: None,
             replica_timeout_ms: DEFAULT_REPLICA_TIMEOUT_MS,
         };
-        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        for (k, v) in &opts.own {
             let num = |v: &str| {
                 v.parse::<u64>()
                     .map_err(|_| bad(format!("redis option {k}={v:?} is not a whole number")))
             };
-            match &*k {
-                "strategy" => cfg.strategy = Strategy::parse(&v)?,
-                "prefix" => cfg.prefix = v.into_owned(),
-                "window_ms" => cfg.window_ms = num(&v)?,
-                "idmp_duration_ms" => cfg.idmp_duration_ms = num(&v)?,
-                "idmp_maxsize" => cfg.idmp_maxsize = num(&v)?,
-                "history_maxlen" => cfg.history_maxlen = num(&v)?,
-                "quarantine_ms" => cfg.quarantine_ms = num(&v)?,
-                "min_replicas" => {
-                    cfg.min_replicas = Some(v.parse::<u32>().ok().filter(|n| *n <= 16).ok_or_else(
-                        || bad(format!("redis option min_replicas={v:?} must be a whole number from 0 to 16")),
-                    )?)
-                }
-                "replica_timeout_ms" => cfg.replica_timeout_ms = num(&v)?,
-                other => {
-                    return Err(bad(format!(
-                        "unknown redis option {other:?}; known: strategy, prefix, window_ms, idmp_duration_ms, idmp_maxsize, history_maxlen, quarantine_ms, min_replicas, replica_timeout_ms"
-                    )))
-                }
+            match k.as_str() {
+                "strategy" => cfg.strategy = Strategy::parse(v)?,
+                "prefix" => cfg.prefix = v.clone(),
+                "window_ms" => cfg.window_ms = num(v)?,
+                "idmp_duration_ms" => cfg.idmp_duration_ms = num(v)?,
+                "idmp_maxsize" => cfg.idmp_maxsize = num(v)?,
+                "history_maxlen" => cfg.history_maxlen = num(v)?,
+                "quarantine_ms" => cfg.quarantine_ms = num(v)?,
+                "min_replicas" => cfg.min_replicas =
+                    Some(v.parse::<u32>().ok().filter(|n| *n <= 16).ok_or_else(|| {
+                        bad(format!(
+                            "redis option min_replicas={v:?} must be a whole number from 0 to 16"
+                        ))
+                    })?),
+                "replica_timeout_ms" => cfg.replica_timeout_ms = num(v)?,
+                // split_options let no other option through.
+                _ => {}
             }
         }
         match scheme {
@@ -447,6 +445,18 @@ impl JobKeys {
 }
 
 /// The key of the set of runs a holder holds (lease strategy).
+/// A Lua script, loaded on the server now: a broken server or script fails
+/// at start, not at the first claim (`EVALSHA` reloads it on `NOSCRIPT`).
+pub(crate) async fn load_script(conn: &Conn, lua: &str) -> Result<::redis::Script> {
+    let script = ::redis::Script::new(lua);
+    script
+        .prepare_invoke()
+        .load_async(&mut conn.clone())
+        .await
+        .map_err(convert)?;
+    Ok(script)
+}
+
 pub(crate) fn holder_key(prefix: &str, h: &Holder) -> String {
     format!("{prefix}:holder:{}:{}", h.node, h.instance)
 }

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use ::redis::streams::{StreamId, StreamRangeReply};
-use ::redis::{Script, Value};
+use ::redis::{Script, ScriptInvocation, Value};
 
-use super::{convert, fencing_of_id, reply, Conn, JobKeys, Strategy};
+use super::{fencing_of_id, load_script, reply, Conn, JobKeys, Strategy};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
 use crate::store::StoreInfo;
@@ -65,12 +65,7 @@ impl OnceBase {
         info: StoreInfo,
         results_ttl_ms: u64,
     ) -> Result<OnceBase> {
-        let release = Script::new(ONCE_LUA);
-        release
-            .prepare_invoke()
-            .load_async(&mut conn.clone())
-            .await
-            .map_err(convert)?;
+        let release = load_script(&conn, ONCE_LUA).await?;
         Ok(OnceBase {
             conn,
             prefix: prefix.to_owned(),
@@ -266,6 +261,32 @@ impl OnceBase {
             complete: false,
             note: Some(note),
         })
+    }
+
+    /// Runs the claim script of a bounded stream (`script`, `idmp`),
+    /// acknowledged by `min_replicas`, and decodes its answer.
+    pub(crate) async fn claim_by_script(
+        &self,
+        spec: &ClaimSpec,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<ClaimAnswer> {
+        let marker = self.ack_key(&spec.job);
+        let v: Value = self.conn.invoke_acked(inv, &marker).await?;
+        self.script_answer(spec, v, "max_late_ms")
+    }
+
+    /// The history of a bounded stream (`script`, `idmp`): its recent
+    /// entries with their results.
+    pub(crate) async fn recent_history(
+        &self,
+        job: &Job,
+        limit: u32,
+        before_slot_ms: Option<i64>,
+        note: String,
+    ) -> Result<HistoryPage> {
+        let entries = self.recent_entries(job).await?;
+        self.history_of(job, entries, limit, before_slot_ms, note)
+            .await
     }
 
     /// Every entry of a bounded stream (script, idmp), newest first, at most

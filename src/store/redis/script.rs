@@ -14,10 +14,10 @@
 //! `INVALID_ARGUMENT` instead of risking a second winner later. Works on
 //! Redis < 8.6 and Valkey.
 
-use ::redis::{Script, Value};
+use ::redis::Script;
 
 use super::once::{once_store, OnceBase};
-use super::{convert, Conn, RedisConfig, Strategy};
+use super::{load_script, Conn, RedisConfig, Strategy};
 use crate::claim::*;
 use crate::error::Result;
 use crate::store::StoreInfo;
@@ -32,12 +32,7 @@ pub struct ScriptStore {
 
 impl ScriptStore {
     pub(crate) async fn open(conn: Conn, cfg: &RedisConfig) -> Result<Self> {
-        let script = Script::new(SCRIPT_LUA);
-        script
-            .prepare_invoke()
-            .load_async(&mut conn.clone())
-            .await
-            .map_err(convert)?;
+        let script = load_script(&conn, SCRIPT_LUA).await?;
         let window = crate::duration::human(std::time::Duration::from_millis(cfg.window_ms));
         let info = StoreInfo {
             backend: cfg.backend_name(),
@@ -66,9 +61,7 @@ impl ScriptStore {
             .arg(spec.holder.instance)
             .arg(spec.max_late_ms)
             .arg(self.window_ms);
-        let marker = self.base.ack_key(&spec.job);
-        let v: Value = self.base.conn.invoke_acked(&inv, &marker).await?;
-        self.base.script_answer(spec, v, "max_late_ms")
+        self.base.claim_by_script(spec, &inv).await
     }
 
     async fn do_release(&self, spec: &ReleaseSpec) -> Result<()> {
@@ -81,13 +74,12 @@ impl ScriptStore {
         limit: u32,
         before_slot_ms: Option<i64>,
     ) -> Result<HistoryPage> {
-        let entries = self.base.recent_entries(job).await?;
         let note = format!(
             "redis script remembers claims for window_ms = {} ms, and results when released; no leases, attempts or takeovers",
             self.window_ms
         );
         self.base
-            .history_of(job, entries, limit, before_slot_ms, note)
+            .recent_history(job, limit, before_slot_ms, note)
             .await
     }
 }
