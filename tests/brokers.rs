@@ -1,7 +1,7 @@
 //! The RabbitMQ and NATS JetStream stores against the real brokers
 //! (RabbitMQ on 127.0.0.1:5672 guest/guest, NATS with JetStream on
-//! 127.0.0.1:4222): one test per trap of SPEC §3.2, and a 3-process contest
-//! per store. Every test uses a name prefix of its own.
+//! 127.0.0.1:4222): one test per trap of SPEC §3.2 (their 3-process
+//! contests are in tests/contest.rs). Every test uses a name prefix of its own.
 
 mod common;
 
@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use anarchon::claim::*;
 use anarchon::error::{Error, FenceReason};
-use anarchon::store::{self, DynStore, Store, StoreOptions};
+use anarchon::store::{self, DynStore, StoreOptions};
 use common::brokers::{self, amqp_url, nats_url, prefix};
-use common::contest::Contest;
 use common::{holder, job, spec};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -47,6 +46,27 @@ async fn concurrent_claims(stores: &[DynStore], j: &Job, slot: i64, n: usize) ->
 
 fn count(answers: &[ClaimAnswer], o: Outcome) -> usize {
     answers.iter().filter(|a| a.outcome == o).count()
+}
+
+/// 50 concurrent claimers, spread over 5 stores on `url` (so 5
+/// connections), on one slot: exactly one `WON`, 49 `LOST` that name no
+/// reason and see no token; repeated over several slots.
+async fn fifty_claimers_over_five_connections(url: &str) {
+    let mut stores = Vec::new();
+    for _ in 0..5 {
+        stores.push(open(url).await);
+    }
+    let j = job("fifty");
+    let base = host_now_ms();
+    for i in 0..5 {
+        let answers = concurrent_claims(&stores, &j, base + i, 50).await;
+        assert_eq!(count(&answers, Outcome::Won), 1, "{answers:?}");
+        assert_eq!(count(&answers, Outcome::Lost), 49, "{answers:?}");
+        assert!(answers
+            .iter()
+            .filter(|a| a.outcome == Outcome::Lost)
+            .all(|a| a.reason.is_none() && a.token.is_none()));
+    }
 }
 
 // --- configuration ------------------------------------------------------------
@@ -88,45 +108,7 @@ fn config_refuses_a_memory_not_longer_than_max_late() {
     assert!(e.message.contains("duplicate_windw_ms"), "{e}");
 }
 
-/// A claim that asks for more lateness than the memory covers, or comes too
-/// far ahead of its slot, is refused instead of being decided by a memory
-/// that would lapse before the slot's late window closes.
-async fn refuses_what_its_memory_cannot_cover(s: &dyn Store, memory_ms: i64) {
-    let j = job("window");
-    let now = host_now_ms();
-    let mut wide = spec(&j, now, &holder("a", 1));
-    wide.max_late_ms = memory_ms;
-    assert!(matches!(
-        s.claim(&wide, &none()).await,
-        Err(Error::InvalidArgument {
-            field: "max_late_ms",
-            ..
-        })
-    ));
-    let mut ahead = spec(&j, now + memory_ms, &holder("a", 1));
-    ahead.max_late_ms = 1_000;
-    assert!(matches!(
-        s.claim(&ahead, &none()).await,
-        Err(Error::InvalidArgument {
-            field: "slot_ms",
-            ..
-        })
-    ));
-    // Within the horizon it is fine.
-    let mut near = spec(&j, now + memory_ms / 2, &holder("a", 1));
-    near.max_late_ms = 1_000;
-    assert_eq!(s.claim(&near, &none()).await.unwrap().outcome, Outcome::Won);
-}
-
 // --- RabbitMQ -----------------------------------------------------------------
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn amqp_refuses_what_its_memory_cannot_cover() {
-    let Some(s) = brokers::rabbitmq("&slot_ttl_ms=90000").await else {
-        return;
-    };
-    refuses_what_its_memory_cannot_cover(&*s, 90_000).await;
-}
 
 /// A channel of its own, on a connection of its own (the refused declares
 /// below close their channel).
@@ -234,40 +216,7 @@ async fn amqp_fifty_concurrent_publishers_get_exactly_one_ack() {
     if !brokers::rabbitmq_up() {
         return;
     }
-    let p = prefix();
-    let url = amqp_url(&p, "&slot_ttl_ms=90000");
-    let mut stores = Vec::new();
-    for _ in 0..5 {
-        stores.push(open(&url).await);
-    }
-    let j = job("fifty");
-    let base = host_now_ms();
-    for i in 0..5 {
-        let answers = concurrent_claims(&stores, &j, base + i, 50).await;
-        assert_eq!(count(&answers, Outcome::Won), 1, "{answers:?}");
-        assert_eq!(count(&answers, Outcome::Lost), 49);
-        assert!(answers
-            .iter()
-            .filter(|a| a.outcome == Outcome::Lost)
-            .all(|a| a.reason.is_none() && a.token.is_none()));
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn amqp_resend_answers_lost() {
-    let Some(s) = brokers::rabbitmq("&slot_ttl_ms=90000").await else {
-        return;
-    };
-    let j = job("resend");
-    let sp = spec(&j, host_now_ms(), &holder("a", 1));
-    assert_eq!(s.claim(&sp, &none()).await.unwrap().outcome, Outcome::Won);
-    let again = s.claim(&sp, &none()).await.unwrap();
-    assert_eq!(
-        again.outcome,
-        Outcome::Lost,
-        "a gate cannot compare tokens: {again:?}"
-    );
-    assert!(again.token.is_none());
+    fifty_claimers_over_five_connections(&amqp_url(&prefix(), "&slot_ttl_ms=90000")).await;
 }
 
 /// LATE is decided on the sidecar's clock and declares no gate.
@@ -437,40 +386,7 @@ async fn amqp_unreachable_broker_is_unavailable() {
     );
 }
 
-/// Three `anarchon serve` processes on one RabbitMQ, 48 gRPC claimers, each
-/// slot claimed by 12 of them: exactly one WON per slot. Every claim
-/// declares a durable queue, so this takes about a minute. The sidecars
-/// allow 10 min of lateness so that a slow, shared machine does not turn
-/// the last claims into LATE.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn amqp_three_processes_contest() {
-    if !brokers::rabbitmq_up() {
-        return;
-    }
-    let p = prefix();
-    let report = Contest {
-        backend: amqp_url(&p, "&slot_ttl_ms=660000"),
-        slots: 2000,
-        extra_flags: vec!["--max-late-ms".into(), "600000".into()],
-        ..Default::default()
-    }
-    .run()
-    .await;
-    // 2,000 durable gates: gone now rather than in 11 minutes.
-    brokers::sweep_queues(&p).await;
-    assert!(report.claims >= 2000 * 48 / 4);
-    assert_eq!(report.outcomes.get("WON").copied(), Some(2000));
-}
-
 // --- NATS JetStream -------------------------------------------------------------
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_refuses_what_its_memory_cannot_cover() {
-    let Some(s) = brokers::nats("&duplicate_window_ms=90000").await else {
-        return;
-    };
-    refuses_what_its_memory_cannot_cover(&*s, 90_000).await;
-}
 
 async fn js() -> async_nats::jetstream::Context {
     async_nats::jetstream::new(async_nats::connect(brokers::NATS_ADDR).await.unwrap())
@@ -633,24 +549,14 @@ async fn nats_resend_is_won_again() {
     assert!(later.fencing > first.fencing);
 }
 
+/// 50 concurrent claimers over 5 connections on one slot: one winner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nats_fifty_concurrent_claimers_one_winner() {
     if !brokers::nats_up() {
         return;
     }
     brokers::sweep_old_test_streams().await;
-    let url = nats_url(&prefix(), "");
-    let mut stores = Vec::new();
-    for _ in 0..5 {
-        stores.push(open(&url).await);
-    }
-    let j = job("fifty");
-    let base = host_now_ms();
-    for i in 0..5 {
-        let answers = concurrent_claims(&stores, &j, base + i, 50).await;
-        assert_eq!(count(&answers, Outcome::Won), 1, "{answers:?}");
-        assert_eq!(count(&answers, Outcome::Lost), 49);
-    }
+    fifty_claimers_over_five_connections(&nats_url(&prefix(), "")).await;
 }
 
 /// Release checks the token against the stored claim and records the result
@@ -769,23 +675,4 @@ async fn nats_unreachable_server_is_unavailable() {
     .err()
     .unwrap();
     assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
-}
-
-/// Three `anarchon serve` processes on one JetStream stream, 48 gRPC
-/// claimers, 2,000 slots: exactly one WON per slot.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn nats_three_processes_contest() {
-    if !brokers::nats_up() {
-        return;
-    }
-    brokers::sweep_old_test_streams().await;
-    let report = Contest {
-        backend: nats_url(&prefix(), "&duplicate_window_ms=660000"),
-        extra_flags: vec!["--max-late-ms".into(), "600000".into()],
-        ..Default::default()
-    }
-    .run()
-    .await;
-    assert!(report.claims >= 2000 * 48 / 4);
-    assert_eq!(report.outcomes.get("WON").copied(), Some(2000));
 }

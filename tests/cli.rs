@@ -205,8 +205,8 @@ fn watch_streams_a_snapshot_then_changes() {
         b,
         &[&["--peer", &a.to_string()][..], &t[..]].concat(),
     );
-    // Let them link, so the first snapshot has B in it.
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    // Wait until they have linked, so the first snapshot has B in it.
+    common::mesh::linked_blocking(&[a, b]);
     let mut w = Command::new(BIN)
         .args(["watch", "--json", "--server", &a.to_string()])
         .stdout(std::process::Stdio::piped())
@@ -226,6 +226,66 @@ fn watch_streams_a_snapshot_then_changes() {
     assert!(expired.is_some(), "no EXPIRED event streamed");
 }
 
+/// `serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --ready-file F`:
+/// the kernel picks both ports, the ready file (written atomically once
+/// bound: no `F.tmp` is left) says which, and both answer there.
+#[test]
+fn ready_file_reports_ports_that_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let bound = loop {
+        if let Some(b) = common::process::read_ready_file(&ready) {
+            break b;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "serve exited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ready file written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let (grpc, admin) = (bound["grpc"], bound["admin"]);
+    assert_eq!(bound.len(), 2, "{bound:?}");
+    assert!(grpc.port() != 0 && admin.port() != 0, "{bound:?}");
+    assert!(grpc.ip().is_loopback() && admin.ip().is_loopback());
+    assert!(!dir.path().join("ready.tmp").exists());
+    let out = anarchon(&[
+        "claim",
+        "ready-file",
+        "--slot",
+        "now/1m",
+        "--json",
+        "--server",
+        &grpc.to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "WON");
+    assert_eq!(
+        common::process::http_get_blocking(admin, "/healthz"),
+        "ok\n"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// Two `serve` processes on one data dir would be two processes of one node
 /// key: the second would bump the instance and the peers would take the live
 /// first one for superseded. The second exits at once with status 1 naming
@@ -241,10 +301,8 @@ fn a_second_serve_on_one_data_dir_exits_1_and_leaves_the_instance() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let instance = std::fs::read_to_string(&instance_file).unwrap();
-    let (l, a) = (
-        common::process::free_addr().to_string(),
-        common::process::free_addr().to_string(),
-    );
+    // Nobody dials these: the kernel picks the ports.
+    let (l, a) = ("127.0.0.1:0".to_string(), "127.0.0.1:0".to_string());
     let data_dir = dir.path().display().to_string();
     let mut second = Command::new(BIN)
         .args(["serve", "--listen", &l, "--admin-listen", &a])
@@ -379,10 +437,11 @@ fn serve_until_exit(
     let mut child = Command::new(BIN)
         .args([
             "serve",
+            // Nobody dials it: the kernel picks the ports.
             "--listen",
-            &common::process::free_addr().to_string(),
+            "127.0.0.1:0",
             "--admin-listen",
-            &common::process::free_addr().to_string(),
+            "127.0.0.1:0",
             "--data-dir",
             dir.path().to_str().unwrap(),
             "--backend",
@@ -473,13 +532,45 @@ fn sigint_to_hold_exits_130() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // The signal goes to a hold that runs its command.
+        wait_for_a_child_of(child.id());
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
         let status = child.wait().unwrap();
         assert_eq!(status.code(), Some(want), "{sig:?}");
         let out = anarchon(&["history", &job, "--server", &server, "--json"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["runs"][0]["state"], "FAILED", "{v}");
+    }
+}
+
+/// Polls (up to 10 s) until process `pid` has a child: `hold` won its
+/// claim and started its command.
+fn wait_for_a_child_of(pid: u32) {
+    let parent_of = |stat: String| -> Option<u32> {
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let has_child = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("stat"))
+                .ok()
+                .and_then(parent_of)
+                == Some(pid)
+        });
+        if has_child {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never started its command"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

@@ -1,6 +1,7 @@
 //! The store conformance suite, stamped onto every backend. Adding a backend
 //! is one `conformance!` line with a factory that returns `Option<DynStore>`
-//! (`None` = its service is unreachable outside CI; the suite says SKIPPED).
+//! (`None` = its service is unreachable outside CI; the suite says SKIPPED),
+//! and `memory_ms = N` for a once backend that forgets a claim after N ms.
 
 mod common;
 
@@ -9,7 +10,9 @@ use common::services;
 use common::suite;
 
 macro_rules! conformance {
-    ($name:ident, $factory:expr) => {
+    // `memory_ms = N`: a once backend whose memory of a claim lapses after
+    // N ms; it also gets the refusals of what that memory cannot cover.
+    ($name:ident, $factory:expr $(, memory_ms = $memory:expr)?) => {
         mod $name {
             use super::*;
 
@@ -52,6 +55,22 @@ macro_rules! conformance {
                     suite::contest(s).await;
                 }
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn fifty_claimers_one_slot() {
+                if let Some(s) = store().await {
+                    suite::fifty_claimers_one_slot(s).await;
+                }
+            }
+
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn refuses_what_its_memory_cannot_cover() {
+                    if let Some(s) = store().await {
+                        suite::refuses_what_its_memory_cannot_cover(&*s, $memory).await;
+                    }
+                }
+            )?
         }
     };
 }
@@ -98,8 +117,16 @@ async fn redis_ha(url: &str) -> Option<DynStore> {
 }
 
 // The memories outlast the suite's widest max_late (1 h).
-conformance!(rabbitmq, common::brokers::rabbitmq("&slot_ttl_ms=3700000"));
-conformance!(nats, common::brokers::nats("&duplicate_window_ms=3700000"));
+conformance!(
+    rabbitmq,
+    common::brokers::rabbitmq("&slot_ttl_ms=3700000"),
+    memory_ms = 3_700_000
+);
+conformance!(
+    nats,
+    common::brokers::nats("&duplicate_window_ms=3700000"),
+    memory_ms = 3_700_000
+);
 
 #[allow(unused)]
 fn _services_used() -> bool {

@@ -50,6 +50,27 @@ impl Cron {
         }
     }
 
+    /// A cron `a` of `job` that ticks every second and logs each run to
+    /// `dir/runs.txt` (returned).
+    fn every_second(
+        dir: &Path,
+        server: std::net::SocketAddr,
+        job: &str,
+        max_late: &str,
+    ) -> (Cron, PathBuf) {
+        let out = dir.join("runs.txt");
+        let cmd = script(&out, "set -- run; LOG");
+        let c = Cron::start(
+            dir,
+            "a",
+            server,
+            "* * * * * *",
+            &["--job", job, "--max-late", max_late],
+            &cmd,
+        );
+        (c, out)
+    }
+
     fn pid(&self) -> i32 {
         self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
     }
@@ -282,16 +303,7 @@ async fn a_paused_instance_never_runs_a_burst_of_stale_ticks() {
     let _turn = TURN.lock().await;
     let root = tempfile::tempdir().unwrap();
     let s = Sidecar::start(&root.path().join("s"), &[]);
-    let out = root.path().join("runs.txt");
-    let cmd = script(&out, "set -- run; LOG");
-    let mut c = Cron::start(
-        root.path(),
-        "a",
-        s.addr,
-        "* * * * * *",
-        &["--job", "paused", "--max-late", "1s"],
-        &cmd,
-    );
+    let (mut c, out) = Cron::every_second(root.path(), s.addr, "paused", "1s");
     tokio::time::sleep(Duration::from_secs(3)).await;
     c.signal(nix::sys::signal::Signal::SIGSTOP);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -356,16 +368,7 @@ async fn a_short_sidecar_outage_misses_no_tick() {
     let _turn = TURN.lock().await;
     let root = tempfile::tempdir().unwrap();
     let mut s = Sidecar::start(&root.path().join("s"), &[]);
-    let out = root.path().join("runs.txt");
-    let cmd = script(&out, "set -- run; LOG");
-    let mut c = Cron::start(
-        root.path(),
-        "a",
-        s.addr,
-        "* * * * * *",
-        &["--job", "outage", "--max-late", "30s"],
-        &cmd,
-    );
+    let (mut c, out) = Cron::every_second(root.path(), s.addr, "outage", "30s");
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.kill();
     tokio::time::sleep(Duration::from_secs(3)).await;

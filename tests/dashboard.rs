@@ -19,13 +19,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
-use anarchon::proto::claims_client::ClaimsClient;
+use common::claims_client;
 use common::inproc::InProc;
 use common::process::{free_addr, Sidecar};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tonic::transport::Channel;
 
 /// The browser suite measures time: the tests of this file take turns.
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -41,16 +40,6 @@ fn authed<T>(msg: T) -> tonic::Request<T> {
     r.metadata_mut()
         .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
     r
-}
-
-async fn claims_client(addr: SocketAddr) -> ClaimsClient<Channel> {
-    ClaimsClient::new(
-        Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    )
 }
 
 fn epoch_ms() -> u64 {
@@ -203,7 +192,7 @@ async fn the_page_is_embedded_and_the_stream_sits_behind_the_token() {
     assert_eq!(ev["run"]["job"], "dash/lock");
     assert_eq!(ev["run"]["attempt"], 1);
     assert_eq!(ev["run"]["holder"], format!("{node}/1"));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    common::until_lapsed(first.lease_until_ms).await;
     let second = c.claim(authed(claim(60_000))).await.unwrap().into_inner();
     assert_eq!(
         (second.outcome, second.attempt),
@@ -344,7 +333,7 @@ async fn make_runs(addr: SocketAddr) -> serde_json::Value {
     };
     let first = c.claim(authed(lock(600))).await.unwrap().into_inner();
     won(&first, 1);
-    tokio::time::sleep(Duration::from_millis(750)).await;
+    common::until_lapsed(first.lease_until_ms).await;
     let second = c.claim(authed(lock(60_000))).await.unwrap().into_inner();
     won(&second, 2);
     let st = c
@@ -435,13 +424,7 @@ async fn the_dashboard_in_headless_chromium() {
             if i == HOSTILE {
                 flags.extend(["--label".into(), format!("note={HOSTILE_LABEL}")]);
             }
-            for (j, a) in addrs.iter().enumerate() {
-                if j != i {
-                    flags.extend(["--peer".into(), a.to_string()]);
-                }
-            }
-            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            Sidecar::start_at(&dirs[i], addrs[i], &flags)
+            common::mesh::start_in_mesh(&dirs[i], &addrs, i, flags)
         })
         .collect();
 

@@ -133,68 +133,26 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let s = InProc::start(|c| c.max_lease_ms = 60_000).await;
     let mut c = s.claims().await;
     let slot = now();
+    // A good request with one field made bad.
+    let ok = |bad: fn(&mut pb::ClaimRequest)| {
+        let mut r = req("ok", slot);
+        bad(&mut r);
+        r
+    };
     let cases: Vec<(&str, pb::ClaimRequest)> = vec![
         ("job", req("", slot)),
         ("job", req(&"x".repeat(201), slot)),
         ("job", req("bad job", slot)),
         ("job", req("<script>", slot)),
         ("slot_ms", req("ok", -1)),
-        (
-            "lease_ms",
-            pb::ClaimRequest {
-                lease_ms: -1,
-                ..req("ok", slot)
-            },
-        ),
-        (
-            "lease_ms",
-            pb::ClaimRequest {
-                lease_ms: 60_001,
-                ..req("ok", slot)
-            },
-        ),
-        (
-            "lease_ms",
-            pb::ClaimRequest {
-                lease_ms: i64::MAX,
-                ..req("ok", slot)
-            },
-        ),
-        (
-            "token",
-            pb::ClaimRequest {
-                token: "not-hex".into(),
-                ..req("ok", slot)
-            },
-        ),
-        (
-            "token",
-            pb::ClaimRequest {
-                token: "A".repeat(32),
-                ..req("ok", slot)
-            },
-        ),
-        (
-            "overlap",
-            pb::ClaimRequest {
-                overlap: 42,
-                ..req("ok", slot)
-            },
-        ),
-        (
-            "max_late_ms",
-            pb::ClaimRequest {
-                max_late_ms: -1,
-                ..req("ok", slot)
-            },
-        ),
-        (
-            "wait_ms",
-            pb::ClaimRequest {
-                wait_ms: -1,
-                ..req("ok", slot)
-            },
-        ),
+        ("lease_ms", ok(|r| r.lease_ms = -1)),
+        ("lease_ms", ok(|r| r.lease_ms = 60_001)),
+        ("lease_ms", ok(|r| r.lease_ms = i64::MAX)),
+        ("token", ok(|r| r.token = "not-hex".into())),
+        ("token", ok(|r| r.token = "A".repeat(32))),
+        ("overlap", ok(|r| r.overlap = 42)),
+        ("max_late_ms", ok(|r| r.max_late_ms = -1)),
+        ("wait_ms", ok(|r| r.wait_ms = -1)),
     ];
     for (field, r) in cases {
         let st = c.claim(r.clone()).await.unwrap_err();
@@ -365,6 +323,9 @@ async fn wait_ms_wins_right_after_release_and_honours_deadline() {
         let out = waiter.claim(r).await.unwrap().into_inner();
         (out, Instant::now())
     });
+    // Not a wait for a condition: nothing outside the sidecar shows that
+    // the waiter is parked in its wait. 300 ms lets it get there; if it
+    // has not, it wins at once after the release and the test still holds.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released_at = Instant::now();
     c.release(pb::ReleaseRequest {

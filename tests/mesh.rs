@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
-use anarchon::proto::mesh_client::MeshClient;
+use common::mesh::{client as mesh_client, list, until};
 use common::process::{free_addr, Sidecar};
 use common::proxy::FaultProxy;
-use tonic::transport::Channel;
 
 /// These tests measure time: they take turns so that one test's nine
 /// processes do not starve another's.
@@ -30,25 +29,6 @@ fn timing() -> Vec<String> {
     ]
 }
 
-async fn mesh_client(addr: std::net::SocketAddr) -> MeshClient<Channel> {
-    MeshClient::new(
-        Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    )
-}
-
-async fn list(addr: std::net::SocketAddr) -> pb::ListPeersResponse {
-    mesh_client(addr)
-        .await
-        .list_peers(pb::ListPeersRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 fn state_of(l: &pb::ListPeersResponse, node: &str) -> Option<(pb::PeerState, pb::Link, u64, u32)> {
     l.peers.iter().find(|p| p.node == node).map(|p| {
         (
@@ -58,22 +38,6 @@ fn state_of(l: &pb::ListPeersResponse, node: &str) -> Option<(pb::PeerState, pb:
             p.restarts,
         )
     })
-}
-
-/// Polls until `f` holds or `within` passes; returns when it first held.
-async fn until<F, Fut>(within: Duration, mut f: F) -> Option<Instant>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if f().await {
-            return Some(Instant::now());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
 
 type Events = Arc<Mutex<Vec<(Instant, pb::PeerEventKind, String, u64, u32)>>>;
@@ -133,13 +97,7 @@ async fn a_killed_sidecar_expires_and_its_restart_rejoins_as_the_same_runtime() 
                 "--backend".into(),
                 format!("sqlite://{}", root.path().join("shared.db").display()),
             ]);
-            for (j, a) in addrs.iter().enumerate() {
-                if j != i {
-                    flags.extend(["--peer".into(), a.to_string()]);
-                }
-            }
-            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            Sidecar::start_at(&dirs[i], addrs[i], &flags)
+            common::mesh::start_in_mesh(&dirs[i], &addrs, i, flags)
         })
         .collect();
     // Everyone sees everyone.
@@ -248,11 +206,8 @@ async fn a_partitioned_runtime_stays_alive_through_a_relay_and_expires_when_cut_
                 format!("sqlite://{}", root.path().join("shared.db").display()),
             ]);
             flags.extend(["--advertise".into(), proxies[i].addr.to_string()]);
-            for (j, p) in proxies.iter().enumerate() {
-                if j != i {
-                    flags.extend(["--peer".into(), p.addr.to_string()]);
-                }
-            }
+            let through: Vec<_> = proxies.iter().map(|p| p.addr).collect();
+            flags.extend(common::mesh::peer_flags(&through, i));
             let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
             Sidecar::start_at(&dirs[i], addrs[i], &flags)
         })

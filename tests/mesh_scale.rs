@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
-use anarchon::proto::mesh_client::MeshClient;
+use common::mesh::{client, list, until};
 use common::process::{free_addr, Sidecar};
-use tonic::transport::Channel;
 
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -39,45 +38,11 @@ fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-async fn client(addr: std::net::SocketAddr) -> MeshClient<Channel> {
-    MeshClient::new(
-        Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    )
-}
-
-async fn list(addr: std::net::SocketAddr) -> pb::ListPeersResponse {
-    client(addr)
-        .await
-        .list_peers(pb::ListPeersRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 fn state(l: &pb::ListPeersResponse, node: &str) -> Option<pb::PeerState> {
     l.peers
         .iter()
         .find(|p| p.node == node)
         .map(|p| pb::PeerState::try_from(p.state).unwrap())
-}
-
-async fn until<F, Fut>(within: Duration, mut f: F) -> Option<Instant>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        if f().await {
-            return Some(Instant::now());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
 
 /// (when, kind, node, instance, link, state)

@@ -1,6 +1,6 @@
 //! PostgreSQL-specific tests, against the real server at 127.0.0.1:5432
-//! (the conformance suite runs on it from `tests/conformance.rs`): a
-//! multi-process contest, the scope of the job lock, concurrent start-up
+//! (the conformance suite runs on it from `tests/conformance.rs`, its
+//! multi-process contest from `tests/contest.rs`): the scope of the job lock, concurrent start-up
 //! against a fresh prefix, retention pruning, and connections killed in the
 //! middle of a run of claims.
 
@@ -15,33 +15,10 @@ use anarchon::claim::*;
 use anarchon::proto as pb;
 use anarchon::proto::claims_client::ClaimsClient;
 use anarchon::store::{self, DynStore, Store, StoreOptions};
-use common::contest::Contest;
 use common::pg;
 use common::process::Sidecar;
-use common::{holder, job, spec};
+use common::{holder, job, seed, spec};
 use sqlx::Row;
-
-/// 3 real `anarchon serve` processes on one fresh prefix (they also migrate
-/// it at the same moment), 48 gRPC claimers, 2,000 slots.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn contest_three_processes() {
-    if !pg::available() {
-        return;
-    }
-    let prefix = pg::prefix();
-    let report = Contest {
-        backend: pg::backend(&prefix),
-        // The slots start now: on a loaded machine a run can outlast the
-        // default lateness, and late slots are not what this test is about.
-        extra_flags: vec!["--max-late-ms".into(), "3600000".into()],
-        ..Contest::default()
-    }
-    .run()
-    .await;
-    assert!(report.claims >= 2000 * 48 / 4);
-    assert_eq!(report.outcomes.get("WON").copied(), Some(2000));
-    pg::drop_tables(&prefix).await;
-}
 
 /// Polls until a backend of `application_name` waits for a lock.
 async fn wait_until_blocked(admin: &sqlx::PgPool, application_name: &str) {
@@ -324,13 +301,11 @@ async fn put_run(admin: &sqlx::PgPool, prefix: &str, job: &Job, r: &RunRow) {
 /// exactly what the decision table says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_paths_agree_with_the_decision_table() {
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
     if !pg::available() {
         return;
     }
-    let seed: u64 = rand::random();
-    eprintln!("seed {seed}");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut rng, _seed) = seed::rng("claim_paths_agree_with_the_decision_table");
     let prefix = pg::prefix();
     let admin = pg::admin().await;
     let hour = 3_600_000;

@@ -1,5 +1,5 @@
-//! The Redis store beyond the conformance suite: multi-process contests
-//! (single server and cluster, jobs spread over every master), the `idmp`
+//! The Redis store beyond the conformance suite (its 3-process contests are
+//! in tests/contest.rs): jobs spread over every cluster master, the `idmp`
 //! refusal on Redis < 8.6, `NOSCRIPT` reloads, resends after a dropped
 //! connection, an unreachable Redis, and `min_replicas` unmet on a server
 //! without replicas. Real servers only: the shared one
@@ -18,7 +18,6 @@ use anarchon::claim::*;
 use anarchon::error::Error;
 use anarchon::proto as pb;
 use anarchon::store::{self, DynStore, StoreOptions};
-use common::contest::Contest;
 use common::process::{free_addr, Sidecar, BIN};
 use common::redis as r;
 use common::{holder, job, services, spec};
@@ -63,63 +62,6 @@ async fn claim_until_answered(
 }
 
 // ---------------------------------------------------------------- contests
-
-/// Contests test exclusivity, not lateness: on a loaded machine a contest
-/// can outlive the default 60 s `max_late`, so the sidecars allow an hour.
-fn patient() -> Vec<String> {
-    vec!["--max-late-ms".into(), "3600000".into()]
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn lease_contest_three_processes() {
-    if !r::have_redis() {
-        return;
-    }
-    let report = Contest {
-        backend: r::url("lease"),
-        extra_flags: patient(),
-        ..Contest::default()
-    }
-    .run()
-    .await;
-    assert_eq!(report.outcomes.get("WON").copied(), Some(2000));
-}
-
-/// stream-id expects each job's slots in increasing order, so every claimer
-/// claims every slot in order (`spread: 1`): whoever claims slot n has
-/// claimed every earlier slot, and no claim is ever answered LATE.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn stream_id_contest_three_processes() {
-    if !r::have_redis() {
-        return;
-    }
-    let report = Contest {
-        backend: r::url("stream-id"),
-        spread: 1,
-        slots: 500,
-        extra_flags: patient(),
-        ..Contest::default()
-    }
-    .run()
-    .await;
-    assert_eq!(report.outcomes.get("WON").copied(), Some(500));
-    assert_eq!(report.claims, 48 * 500);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_lease_contest_three_processes() {
-    if !r::have_cluster() {
-        return;
-    }
-    let report = Contest {
-        backend: r::cluster_url("lease"),
-        extra_flags: patient(),
-        ..Contest::default()
-    }
-    .run()
-    .await;
-    assert_eq!(report.outcomes.get("WON").copied(), Some(2000));
-}
 
 /// The cluster's masters and the first slot of each one's ranges.
 async fn cluster_masters() -> Vec<(String, Vec<(i64, i64)>)> {
@@ -338,10 +280,14 @@ fn serve_refuses_idmp_on_redis_below_8_6() {
     }
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
-        .args(["serve", "--listen"])
-        .arg(free_addr().to_string())
-        .arg("--admin-listen")
-        .arg(free_addr().to_string())
+        // Nobody dials it: the kernel picks the ports.
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .arg("--backend")
@@ -868,7 +814,7 @@ async fn lease_script_agrees_with_the_decision_table() {
     .await
     .unwrap();
     let mut c = admin(r::REDIS).await;
-    let mut rng = rand::thread_rng();
+    let (mut rng, _seed) = common::seed::rng("lease_script_agrees_with_the_decision_table");
     let mine = Token::generate();
     let holders = [
         holder("x", 1),
@@ -883,7 +829,7 @@ async fn lease_script_agrees_with_the_decision_table() {
         let slot = *[0, now - 5_000, now - 120_000, now + 30_000]
             .choose(&mut rng)
             .unwrap();
-        let row = |slot: i64, rng: &mut rand::rngs::ThreadRng| RunRow {
+        let row = |slot: i64, rng: &mut rand::rngs::StdRng| RunRow {
             slot_ms: slot,
             state: *[
                 RunState::Running,

@@ -50,11 +50,13 @@ fn pki(dir: &Path) -> Pki {
     }
 }
 
-async fn tls_claim(
+/// A TLS channel to `addr` that trusts the test CA, presenting the client
+/// certificate when `with_cert`.
+async fn tls_channel(
     addr: std::net::SocketAddr,
     p: &Pki,
     with_cert: bool,
-) -> Result<pb::ClaimResponse, String> {
+) -> Result<Channel, tonic::transport::Error> {
     anarchon::server::tls::install_crypto_provider();
     let mut tls =
         ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(&p.ca).unwrap()));
@@ -64,11 +66,20 @@ async fn tls_claim(
             std::fs::read(&p.client_key).unwrap(),
         ));
     }
-    let ch = Channel::from_shared(format!("https://{addr}"))
+    Channel::from_shared(format!("https://{addr}"))
         .unwrap()
         .tls_config(tls)
         .unwrap()
         .connect()
+        .await
+}
+
+async fn tls_claim(
+    addr: std::net::SocketAddr,
+    p: &Pki,
+    with_cert: bool,
+) -> Result<pb::ClaimResponse, String> {
+    let ch = tls_channel(addr, p, with_cert)
         .await
         .map_err(|e| format!("connect: {e:?}"))?;
     let mut c = pb::claims_client::ClaimsClient::new(ch);
@@ -174,21 +185,7 @@ async fn peers_link_over_mtls() {
         b,
         &fb.iter().map(String::as_str).collect::<Vec<_>>(),
     );
-    anarchon::server::tls::install_crypto_provider();
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(std::fs::read(&p.ca).unwrap()))
-        .identity(Identity::from_pem(
-            std::fs::read(&p.client_cert).unwrap(),
-            std::fs::read(&p.client_key).unwrap(),
-        ));
-    let ch = Channel::from_shared(format!("https://{a}"))
-        .unwrap()
-        .tls_config(tls)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut m = pb::mesh_client::MeshClient::new(ch);
+    let mut m = pb::mesh_client::MeshClient::new(tls_channel(a, &p, true).await.unwrap());
     let end = Instant::now() + Duration::from_secs(10);
     loop {
         let l = m

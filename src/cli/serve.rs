@@ -18,6 +18,11 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub keys: ConfigFlags,
+    /// Once bound, write the actual addresses here, one `name=ADDR` line
+    /// each (`grpc=…`, `admin=…`), atomically (FILE.tmp, then renamed): how
+    /// to learn the ports of `--listen 127.0.0.1:0`. A flag only (no key).
+    #[arg(long, value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -46,7 +51,7 @@ pub fn serve(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     rt.block_on(async move {
-        let listeners = match Listeners::bind(&cfg).await {
+        let listeners = match Listeners::bind(&cfg, args.ready_file.as_deref()).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = super::anyhow_chain(&e), "cannot bind");

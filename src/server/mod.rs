@@ -22,6 +22,7 @@ pub mod tls;
 pub mod validate;
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,18 +48,41 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    /// Binds the configured addresses.
-    pub async fn bind(cfg: &Config) -> anyhow::Result<Listeners> {
+    /// Binds the configured addresses; then, given a `ready_file`, writes
+    /// the bound addresses to it (see [`Listeners::write_ready_file`]).
+    pub async fn bind(cfg: &Config, ready_file: Option<&Path>) -> anyhow::Result<Listeners> {
         let grpc = TcpListener::bind(cfg.listen)
             .await
             .with_context(|| format!("cannot bind listen address {}", cfg.listen))?;
         let admin = TcpListener::bind(cfg.admin_listen)
             .await
             .with_context(|| format!("cannot bind admin_listen address {}", cfg.admin_listen))?;
-        Ok(Listeners {
+        let listeners = Listeners {
             grpc,
             admin: Some(admin),
-        })
+        };
+        if let Some(path) = ready_file {
+            listeners.write_ready_file(path)?;
+        }
+        Ok(listeners)
+    }
+
+    /// Writes the bound addresses to `path`, one `name=ADDR` line each
+    /// (`grpc=…`, then `admin=…`; the mesh shares the gRPC listener), so a
+    /// caller that asked for port 0 learns the ports. Atomic: written to
+    /// `PATH.tmp`, then renamed, so a reader sees all of it or nothing.
+    pub fn write_ready_file(&self, path: &Path) -> anyhow::Result<()> {
+        let mut text = format!("grpc={}\n", self.grpc.local_addr()?);
+        if let Some(admin) = &self.admin {
+            text.push_str(&format!("admin={}\n", admin.local_addr()?));
+        }
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, text)
+            .with_context(|| format!("cannot write ready file {}", tmp.display()))?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("cannot write ready file {}", path.display()))
     }
 }
 

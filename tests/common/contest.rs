@@ -6,9 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anarchon::proto as pb;
-use anarchon::proto::claims_client::ClaimsClient;
 use tokio::sync::Mutex;
-use tonic::transport::Channel;
 
 use super::process::Sidecar;
 
@@ -22,10 +20,117 @@ pub struct Report {
     pub elapsed: Duration,
 }
 
+/// A backend the contest runs on: its URL, the flags its sidecars need, and
+/// what to clean up afterwards. The factories below return `None` when the
+/// service is unreachable outside CI (the test is then SKIPPED).
+pub struct Backend {
+    pub url: String,
+    pub flags: Vec<String>,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    None,
+    /// The shared SQLite file lives here until the contest ends.
+    Dir(#[allow(dead_code)] tempfile::TempDir),
+    PgTables(String),
+    AmqpQueues(String),
+}
+
+impl Cleanup {
+    async fn run(self) {
+        match self {
+            Cleanup::None | Cleanup::Dir(_) => {}
+            Cleanup::PgTables(prefix) => super::pg::drop_tables(&prefix).await,
+            // Durable gates: gone now rather than when they expire.
+            Cleanup::AmqpQueues(prefix) => super::brokers::sweep_queues(&prefix).await,
+        }
+    }
+}
+
+/// Contests test exclusivity, not lateness: on a loaded machine a contest
+/// can outlive the default 60 s `max_late`, so the sidecars allow more.
+fn max_late(ms: u64) -> Vec<String> {
+    vec!["--max-late-ms".into(), ms.to_string()]
+}
+
+impl Backend {
+    /// One SQLite file shared by every sidecar.
+    pub async fn sqlite() -> Option<Backend> {
+        let dir = tempfile::tempdir().unwrap();
+        Some(Backend {
+            url: format!("sqlite://{}", dir.path().join("shared.db").display()),
+            flags: Vec::new(),
+            cleanup: Cleanup::Dir(dir),
+        })
+    }
+
+    /// A fresh table prefix (the sidecars also migrate it at the same moment).
+    pub async fn postgres() -> Option<Backend> {
+        if !super::pg::available() {
+            return None;
+        }
+        let prefix = super::pg::prefix();
+        Some(Backend {
+            url: super::pg::backend(&prefix),
+            flags: max_late(3_600_000),
+            cleanup: Cleanup::PgTables(prefix),
+        })
+    }
+
+    /// The single Redis with `strategy`, on a fresh key prefix.
+    pub async fn redis(strategy: &str) -> Option<Backend> {
+        if !super::redis::have_redis() {
+            return None;
+        }
+        Some(Backend {
+            url: super::redis::url(strategy),
+            flags: max_late(3_600_000),
+            cleanup: Cleanup::None,
+        })
+    }
+
+    /// The local Redis Cluster with `strategy`, on a fresh key prefix.
+    pub async fn redis_cluster(strategy: &str) -> Option<Backend> {
+        if !super::redis::have_cluster() {
+            return None;
+        }
+        Some(Backend {
+            url: super::redis::cluster_url(strategy),
+            flags: max_late(3_600_000),
+            cleanup: Cleanup::None,
+        })
+    }
+
+    /// RabbitMQ: every claim declares a durable queue. The gates remember
+    /// 11 min, longer than the 10 min of lateness the sidecars allow.
+    pub async fn rabbitmq() -> Option<Backend> {
+        if !super::brokers::rabbitmq_up() {
+            return None;
+        }
+        let prefix = super::brokers::prefix();
+        Some(Backend {
+            url: super::brokers::amqp_url(&prefix, "&slot_ttl_ms=660000"),
+            flags: max_late(600_000),
+            cleanup: Cleanup::AmqpQueues(prefix),
+        })
+    }
+
+    /// One JetStream stream whose window (11 min) outlasts the lateness.
+    pub async fn nats() -> Option<Backend> {
+        if !super::brokers::nats_up() {
+            return None;
+        }
+        super::brokers::sweep_old_test_streams().await;
+        Some(Backend {
+            url: super::brokers::nats_url(&super::brokers::prefix(), "&duplicate_window_ms=660000"),
+            flags: max_late(600_000),
+            cleanup: Cleanup::None,
+        })
+    }
+}
+
 pub struct Contest {
-    /// Backend URL every sidecar uses (`None` = each uses its own default, which
-    /// is wrong for a contest; give the shared SQLite file explicitly).
-    pub backend: String,
     pub sidecars: usize,
     pub claimers: usize,
     pub slots: i64,
@@ -37,7 +142,6 @@ pub struct Contest {
 impl Default for Contest {
     fn default() -> Self {
         Contest {
-            backend: String::new(),
             sidecars: 3,
             claimers: 48,
             slots: 2000,
@@ -47,20 +151,40 @@ impl Default for Contest {
     }
 }
 
-async fn client(addr: std::net::SocketAddr) -> ClaimsClient<Channel> {
-    let ch = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    ClaimsClient::new(ch)
-}
-
 impl Contest {
-    /// Runs the contest and asserts zero double wins and zero missing winners.
-    pub async fn run(&self) -> Report {
+    /// Runs the contest on `backend`, cleans up after it, and asserts: every
+    /// claimer made all its claims, each slot has exactly one `WON`, zero
+    /// double wins and zero missing winners.
+    pub async fn run_on(self, backend: Backend) -> Report {
+        let report = self.run(&backend.url, &backend.flags).await;
+        backend.cleanup.run().await;
+        assert_eq!(
+            report.claims,
+            self.expected_claims(),
+            "claims made: {report:?}"
+        );
+        assert_eq!(
+            report.outcomes.get("WON").copied(),
+            Some(self.slots as usize),
+            "one WON per slot: {report:?}"
+        );
+        report
+    }
+
+    /// Claimer `c` claims slot `i` when `(i + c) % spread == 0`.
+    fn expected_claims(&self) -> usize {
+        let spread = self.spread as i64;
+        (0..self.claimers as i64)
+            .map(|c| (0..self.slots).filter(|i| (i + c) % spread == 0).count())
+            .sum()
+    }
+
+    /// Runs the contest on `backend` with `backend_flags` and asserts zero
+    /// double wins and zero missing winners.
+    pub async fn run(&self, backend: &str, backend_flags: &[String]) -> Report {
         let root = tempfile::tempdir().unwrap();
-        let mut flags: Vec<&str> = vec!["--backend", &self.backend];
+        let mut flags: Vec<&str> = vec!["--backend", backend];
+        flags.extend(backend_flags.iter().map(String::as_str));
         flags.extend(self.extra_flags.iter().map(String::as_str));
         let sidecars: Vec<Sidecar> = (0..self.sidecars)
             .map(|i| Sidecar::start(&root.path().join(format!("s{i}")), &flags))
@@ -76,7 +200,7 @@ impl Contest {
             let (job, wins, outcomes) = (job.clone(), wins.clone(), outcomes.clone());
             let (slots, spread) = (self.slots, self.spread as i64);
             tasks.push(tokio::spawn(async move {
-                let mut cl = client(addr).await;
+                let mut cl = super::claims_client(addr).await;
                 let mut n = 0usize;
                 for i in 0..slots {
                     if (i + c as i64) % spread != 0 {
@@ -127,7 +251,7 @@ impl Contest {
             outcomes: outcomes.lock().await.clone(),
             elapsed,
         };
-        eprintln!("contest on {}: {report:?}", self.backend);
+        eprintln!("contest on {backend}: {report:?}");
         assert_eq!(report.double_wins, 0, "double wins: {report:?}");
         assert_eq!(
             report.missing_winners, 0,

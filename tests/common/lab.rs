@@ -179,7 +179,7 @@ impl Lab {
     /// Waits until every sidecar sees every other one ALIVE.
     pub async fn linked(&self) {
         let addrs: Vec<SocketAddr> = self.nodes.iter().map(|n| n.sidecar.addr).collect();
-        super::soak::linked(&addrs).await;
+        super::mesh::linked(&addrs).await;
     }
 
     /// Cuts node `a` from node `b` in both directions.

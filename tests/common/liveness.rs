@@ -8,19 +8,27 @@ use anarchon::proto as pb;
 use anarchon::proto::claims_client::ClaimsClient;
 use tonic::transport::Channel;
 
+use super::claims_client as claims;
 use super::process::{free_addr, Sidecar};
 
 pub const HB: u64 = 200;
 pub const EXPIRY: u64 = 1500;
 
-async fn claims(addr: std::net::SocketAddr) -> ClaimsClient<Channel> {
-    ClaimsClient::new(
-        Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    )
+/// A renew of `token`'s run that must fail; its status.
+async fn renew_fails(
+    c: &mut ClaimsClient<Channel>,
+    job: &str,
+    slot: i64,
+    token: &str,
+) -> tonic::Status {
+    c.renew(pb::RenewRequest {
+        job: job.to_owned(),
+        slot_ms: slot,
+        token: token.to_owned(),
+        lease_ms: 0,
+    })
+    .await
+    .unwrap_err()
 }
 
 fn won(r: &pb::ClaimResponse) -> bool {
@@ -38,11 +46,7 @@ pub fn mesh_flags(backend: &str, addrs: &[std::net::SocketAddr], i: usize) -> Ve
         "--expiry-ms".into(),
         EXPIRY.to_string(),
     ];
-    for (j, a) in addrs.iter().enumerate() {
-        if j != i {
-            flags.extend(["--peer".into(), a.to_string()]);
-        }
-    }
+    flags.extend(super::mesh::peer_flags(addrs, i));
     flags
 }
 
@@ -101,33 +105,7 @@ impl Pair {
 
     /// Waits until each sees the other ALIVE.
     pub async fn linked(&self) {
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            let mut ok = true;
-            for s in [&self.a, &self.b] {
-                let mut m = anarchon::proto::mesh_client::MeshClient::new(
-                    Channel::from_shared(s.url())
-                        .unwrap()
-                        .connect()
-                        .await
-                        .unwrap(),
-                );
-                let l = m
-                    .list_peers(pb::ListPeersRequest {})
-                    .await
-                    .unwrap()
-                    .into_inner();
-                ok &= l
-                    .peers
-                    .iter()
-                    .any(|p| p.state == pb::PeerState::Alive as i32);
-            }
-            if ok {
-                return;
-            }
-            assert!(Instant::now() < end, "the pair did not link");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        super::mesh::linked(&[self.a.addr, self.b.addr]).await;
     }
 }
 
@@ -193,15 +171,7 @@ pub async fn takeover_after_sigkill(backend: &str) {
     // The old holder restarts: its old token is fenced through the new instance.
     p.a.restart();
     let mut ca = claims(p.a.addr).await;
-    let st = ca
-        .renew(pb::RenewRequest {
-            job: job.clone(),
-            slot_ms: slot,
-            token: held.token.clone(),
-            lease_ms: 0,
-        })
-        .await
-        .unwrap_err();
+    let st = renew_fails(&mut ca, &job, slot, &held.token).await;
     assert_eq!(st.code(), tonic::Code::FailedPrecondition);
     assert_eq!(status_reason(&st).as_deref(), Some("fenced"));
 }
@@ -221,15 +191,7 @@ pub async fn restart_never_revives_old_runs(backend: &str) {
     p.a.restart();
     let mut ca = claims(p.a.addr).await;
     for _ in 0..2 {
-        let st = ca
-            .renew(pb::RenewRequest {
-                job: job.clone(),
-                slot_ms: slot,
-                token: held.token.clone(),
-                lease_ms: 0,
-            })
-            .await
-            .unwrap_err();
+        let st = renew_fails(&mut ca, &job, slot, &held.token).await;
         assert_eq!(status_reason(&st).as_deref(), Some("fenced"), "{st:?}");
         let st = ca
             .release(pb::ReleaseRequest {

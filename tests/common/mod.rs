@@ -7,11 +7,13 @@ pub mod contest;
 pub mod inproc;
 pub mod lab;
 pub mod liveness;
+pub mod mesh;
 pub mod pg;
 pub mod process;
 pub mod proxy;
 pub mod redis;
 pub mod restart;
+pub mod seed;
 pub mod services;
 pub mod soak;
 pub mod suite;
@@ -41,6 +43,29 @@ pub fn spec(job: &Job, slot_ms: i64, h: &Holder) -> ClaimSpec {
         max_late_ms: 60_000,
         overlap: Overlap::Allow,
         max_attempts: 3,
+    }
+}
+
+/// A Claims client on the plaintext gRPC port at `addr`.
+pub async fn claims_client(
+    addr: std::net::SocketAddr,
+) -> anarchon::proto::claims_client::ClaimsClient<tonic::transport::Channel> {
+    anarchon::proto::claims_client::ClaimsClient::new(
+        tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+}
+
+/// Waits until a lease that ends at `lease_until_ms` (on the host clock,
+/// which is the SQLite store's clock) has lapsed. A lapse is time passing,
+/// so this sleeps exactly until then: no margin to guess.
+pub async fn until_lapsed(lease_until_ms: i64) {
+    let left = lease_until_ms + 1 - host_now_ms();
+    if left > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(left as u64)).await;
     }
 }
 

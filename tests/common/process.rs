@@ -1,6 +1,7 @@
 //! Real `anarchon serve` processes, killed when dropped.
 
-use std::net::{SocketAddr, TcpListener};
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,33 +67,57 @@ pub struct Sidecar {
     pub data_dir: PathBuf,
     pub args: Vec<String>,
     pub log: PathBuf,
+    /// Where `serve --ready-file` reports the bound addresses.
+    pub ready_file: PathBuf,
     /// Run under this group id (the fault lab tells processes apart by it).
     pub gid: Option<u32>,
 }
 
+/// Port 0 on `ip`: the sidecar binds a port the kernel picks and reports it
+/// in its ready file, so no other process can take it first.
+fn any_port(ip: std::net::IpAddr) -> SocketAddr {
+    SocketAddr::new(ip, 0)
+}
+
+/// The addresses a ready file (`serve --ready-file`) reports: one
+/// `name=ADDR` line each; `None` until the file is there.
+pub fn read_ready_file(path: &Path) -> Option<HashMap<String, SocketAddr>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
+            .collect(),
+    )
+}
+
 impl Sidecar {
     /// Starts `anarchon serve` with `extra` flags and waits until it answers.
+    /// Both ports are the kernel's pick (`--listen 127.0.0.1:0`), read back
+    /// from the ready file: for a sidecar nobody needs to know in advance.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Sidecar {
-        Sidecar::start_at(data_dir, free_addr(), extra)
+        Sidecar::start_at(data_dir, any_port(Ipv4Addr::LOCALHOST.into()), extra)
     }
 
-    /// Like `start`, on a chosen gRPC address.
+    /// Like `start`, on a chosen gRPC address: for a peer others must know
+    /// before it starts (mesh seeds, `--peer` lists), from [`free_addr`].
     pub fn start_at(data_dir: &Path, addr: SocketAddr, extra: &[&str]) -> Sidecar {
         Sidecar::start_as(data_dir, addr, extra, None)
     }
 
-    /// Like `start_at`, under its own group id (the admin port on the same IP).
+    /// Like `start_at`, under its own group id. The admin port is always
+    /// the kernel's pick, on the gRPC address's IP.
     pub fn start_as(
         data_dir: &Path,
         addr: SocketAddr,
         extra: &[&str],
         gid: Option<u32>,
     ) -> Sidecar {
-        let admin = if gid.is_some() {
-            free_addr_on(addr.ip())
-        } else {
-            free_addr()
-        };
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static STARTED: AtomicU32 = AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let admin = any_port(addr.ip());
+        let ready_file = data_dir.join(format!("ready-{n}"));
         let mut args: Vec<String> = vec![
             "serve".into(),
             "--listen".into(),
@@ -101,6 +126,8 @@ impl Sidecar {
             admin.to_string(),
             "--data-dir".into(),
             data_dir.display().to_string(),
+            "--ready-file".into(),
+            ready_file.display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut s = Sidecar {
@@ -109,7 +136,8 @@ impl Sidecar {
             admin,
             data_dir: data_dir.to_owned(),
             args,
-            log: data_dir.join(format!("serve-{}.log", addr.port())),
+            log: data_dir.join(format!("serve-{n}.log")),
+            ready_file,
             gid,
         };
         s.spawn();
@@ -118,6 +146,7 @@ impl Sidecar {
 
     fn spawn(&mut self) {
         std::fs::create_dir_all(&self.data_dir).unwrap();
+        let _ = std::fs::remove_file(&self.ready_file);
         let log = std::fs::File::create(&self.log).unwrap();
         let mut cmd = Command::new(BIN);
         if let Some(g) = self.gid {
@@ -138,10 +167,16 @@ impl Sidecar {
         self.wait_ready();
     }
 
+    /// Waits for the ready file, takes the bound addresses from it, and
+    /// pins them in the flags, so a restart comes back on the same ports.
     pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if std::net::TcpStream::connect(self.addr).is_ok() {
+            if let Some(bound) = read_ready_file(&self.ready_file) {
+                self.addr = bound["grpc"];
+                self.admin = bound["admin"];
+                self.pin("--listen", self.addr);
+                self.pin("--admin-listen", self.admin);
                 return;
             }
             if let Some(c) = self.child.as_mut() {
@@ -154,7 +189,17 @@ impl Sidecar {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("anarchon serve did not start listening on {}", self.addr);
+        panic!(
+            "anarchon serve did not report its addresses in {}",
+            self.ready_file.display()
+        );
+    }
+
+    /// Sets the value of `flag` in the flags to `addr`.
+    fn pin(&mut self, flag: &str, addr: SocketAddr) {
+        if let Some(i) = self.args.iter().position(|a| a == flag) {
+            self.args[i + 1] = addr.to_string();
+        }
     }
 
     pub fn url(&self) -> String {
@@ -199,7 +244,8 @@ impl Sidecar {
         c.wait().unwrap()
     }
 
-    /// Starts again with the same flags (same data dir and ports).
+    /// Starts again with the same flags (same data dir and ports; a port the
+    /// kernel picked at the first start is asked for again).
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();

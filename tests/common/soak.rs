@@ -34,7 +34,6 @@ use anarchon::claim::host_now_ms;
 use anarchon::error::status_reason;
 use anarchon::proto as pb;
 use anarchon::proto::claims_client::ClaimsClient;
-use anarchon::proto::mesh_client::MeshClient;
 use rand::Rng;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -521,37 +520,6 @@ async fn hold(ctx: &Ctx, c: &mut ClaimsClient<Channel>, side: usize, won: &Answe
 
 // --- the mesh and the chaos -------------------------------------------------------
 
-/// Waits until every sidecar sees every other one ALIVE (shared with the
-/// fault lab).
-pub async fn linked(addrs: &[SocketAddr]) {
-    let end = Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut ok = true;
-        for a in addrs {
-            let alive = match MeshClient::connect(format!("http://{a}")).await {
-                Ok(mut m) => m
-                    .list_peers(pb::ListPeersRequest {})
-                    .await
-                    .map(|l| {
-                        l.into_inner()
-                            .peers
-                            .iter()
-                            .filter(|p| p.state == pb::PeerState::Alive as i32)
-                            .count()
-                    })
-                    .unwrap_or(0),
-                Err(_) => 0,
-            };
-            ok &= alive >= addrs.len() - 1;
-        }
-        if ok {
-            return;
-        }
-        assert!(Instant::now() < end, "the mesh of {addrs:?} did not link");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn pause_in(range: (Duration, Duration)) -> Duration {
     let (lo, hi) = (range.0.as_millis() as u64, range.1.as_millis() as u64);
     Duration::from_millis(rand::thread_rng().gen_range(lo..=hi.max(lo)))
@@ -655,7 +623,7 @@ pub async fn run(plan: Plan) -> Report {
     let load_before = loadavg();
     let mut sidecars = super::liveness::mesh(root.path(), SIDECARS, &plan.backend);
     let addrs: Vec<SocketAddr> = sidecars.iter().map(|s| s.addr).collect();
-    linked(&addrs).await;
+    super::mesh::linked(&addrs).await;
     let tag = format!("{:08x}", rand::random::<u32>());
     let ctx = Arc::new(Ctx {
         addrs: addrs.clone(),

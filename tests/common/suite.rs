@@ -23,6 +23,15 @@ fn now() -> i64 {
     host_now_ms()
 }
 
+fn renew_spec(j: &Job, slot_ms: i64, token: &Token, lease_ms: i64) -> RenewSpec {
+    RenewSpec {
+        job: j.clone(),
+        slot_ms,
+        token: token.clone(),
+        lease_ms,
+    }
+}
+
 pub async fn win(s: &dyn Store) {
     let j = job("win");
     let sp = spec(&j, now(), &holder("a", 1));
@@ -114,12 +123,7 @@ pub async fn takeover_after_lapsed_lease(s: &dyn Store) {
     assert_eq!(won.attempt, 2);
     assert!(won.fencing > first.fencing, "fencing must rise on takeover");
     // The old holder is fenced.
-    let renew = RenewSpec {
-        job: j.clone(),
-        slot_ms: slot,
-        token: a.token.clone(),
-        lease_ms: 1000,
-    };
+    let renew = renew_spec(&j, slot, &a.token, 1000);
     assert!(matches!(
         leases(s).renew(&renew, &none()).await,
         Err(Error::Fenced(FenceReason::TakenOver))
@@ -150,12 +154,7 @@ pub async fn takeover_of_dead_holder(s: &dyn Store) {
     let won = s.claim(&c, &restarted).await.unwrap();
     assert_eq!((won.outcome, won.attempt), (Outcome::Won, 3), "{won:?}");
     // The old holders are fenced.
-    let renew = RenewSpec {
-        job: j.clone(),
-        slot_ms: slot,
-        token: b.token.clone(),
-        lease_ms: 1000,
-    };
+    let renew = renew_spec(&j, slot, &b.token, 1000);
     assert!(matches!(
         leases(s).renew(&renew, &none()).await,
         Err(Error::Fenced(_))
@@ -284,12 +283,7 @@ pub async fn renew_extends(s: &dyn Store) {
     let mut a = spec(&j, slot, &holder("a", 1));
     a.lease_ms = 1000;
     let won = s.claim(&a, &none()).await.unwrap();
-    let r = RenewSpec {
-        job: j.clone(),
-        slot_ms: slot,
-        token: a.token.clone(),
-        lease_ms: 20_000,
-    };
+    let r = renew_spec(&j, slot, &a.token, 20_000);
     if !s.info().leases {
         return no_leases(s).await;
     }
@@ -382,12 +376,7 @@ pub async fn release_is_idempotent(s: &dyn Store) {
         .unwrap();
     if s.info().leases {
         assert_eq!(after.outcome, Outcome::Done, "{after:?}");
-        let r = RenewSpec {
-            job: j.clone(),
-            slot_ms: slot,
-            token: a.token.clone(),
-            lease_ms: 1000,
-        };
+        let r = renew_spec(&j, slot, &a.token, 1000);
         assert!(matches!(
             leases(s).renew(&r, &none()).await,
             Err(Error::Fenced(_))
@@ -509,12 +498,7 @@ pub async fn renew_keeps_the_claimed_lease(s: &dyn Store) {
     a.lease_ms = 5_000;
     let won = s.claim(&a, &none()).await.unwrap();
     assert_eq!(won.valid_for_ms(), 5_000);
-    let mut r = RenewSpec {
-        job: j.clone(),
-        slot_ms: slot,
-        token: a.token.clone(),
-        lease_ms: 0,
-    };
+    let mut r = renew_spec(&j, slot, &a.token, 0);
     let renewed = leases(s).renew(&r, &none()).await.unwrap();
     let left = renewed.lease_until_ms - renewed.now_ms;
     assert_eq!(
@@ -599,6 +583,42 @@ pub async fn prune_removes_old_runs(s: &dyn Store) {
     assert!(s.history(&j, 5, None).await.unwrap().runs.is_empty());
 }
 
+/// Once backends whose memory of a claim lapses after `memory_ms` (the
+/// brokers' `slot_ttl_ms` / `duplicate_window_ms`): a claim that asks for
+/// more lateness than the memory covers, or comes too far ahead of its slot,
+/// is refused instead of being decided by a memory that would lapse before
+/// the slot's late window closes. `conformance!(…, memory_ms = N)` stamps it.
+pub async fn refuses_what_its_memory_cannot_cover(s: &dyn Store, memory_ms: i64) {
+    assert!(
+        !s.info().leases,
+        "a lease store keeps runs, it has no memory window"
+    );
+    let j = job("window");
+    let now = now();
+    let mut wide = spec(&j, now, &holder("a", 1));
+    wide.max_late_ms = memory_ms;
+    assert!(matches!(
+        s.claim(&wide, &none()).await,
+        Err(Error::InvalidArgument {
+            field: "max_late_ms",
+            ..
+        })
+    ));
+    let mut ahead = spec(&j, now + memory_ms, &holder("a", 1));
+    ahead.max_late_ms = 1_000;
+    assert!(matches!(
+        s.claim(&ahead, &none()).await,
+        Err(Error::InvalidArgument {
+            field: "slot_ms",
+            ..
+        })
+    ));
+    // Within the horizon it is fine.
+    let mut near = spec(&j, now + memory_ms / 2, &holder("a", 1));
+    near.max_late_ms = 1_000;
+    assert_eq!(s.claim(&near, &none()).await.unwrap().outcome, Outcome::Won);
+}
+
 /// Once backends declare no lease capability (the sidecar then refuses
 /// `Renew` with `no_leases`), and their claims still win once.
 pub async fn no_leases(s: &dyn Store) {
@@ -617,6 +637,45 @@ pub async fn no_leases(s: &dyn Store) {
 pub fn leases(s: &dyn Store) -> &dyn Leases {
     assert!(s.info().leases, "{} declares no leases", s.info().backend);
     s.leases().expect("a lease store has the lease capability")
+}
+
+/// 50 claimers at once on one slot, released together by a barrier:
+/// exactly one `WON`; every other one is told `RUNNING` (a lease store) or
+/// `LOST` (a once store), as declared, and never sees the token.
+pub async fn fifty_claimers_one_slot(s: Arc<dyn Store>) {
+    let j = job("fifty");
+    let loser = if s.info().leases {
+        Outcome::Running
+    } else {
+        Outcome::Lost
+    };
+    let base = now();
+    for i in 0..3 {
+        let start = Arc::new(tokio::sync::Barrier::new(50));
+        let mut tasks = Vec::new();
+        for c in 0..50 {
+            let (s, j, start) = (s.clone(), j.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                let sp = spec(&j, base + i, &holder(&format!("n{c}"), 1));
+                start.wait().await;
+                s.claim(&sp, &DeadHolders::none()).await.unwrap()
+            }));
+        }
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        let count = |o: Outcome| answers.iter().filter(|a| a.outcome == o).count();
+        assert_eq!(count(Outcome::Won), 1, "{answers:?}");
+        assert_eq!(count(loser), 49, "{answers:?}");
+        assert!(
+            answers
+                .iter()
+                .filter(|a| a.outcome == loser)
+                .all(|a| a.token.is_none()),
+            "a loser saw the token: {answers:?}"
+        );
+    }
 }
 
 /// Many concurrent claimers, in-process: exactly one WON per slot.

@@ -1,0 +1,112 @@
+//! The Mesh service from a test: a client, the peer list, and waiting for a
+//! mesh to link or for any condition, polled with a deadline.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anarchon::proto as pb;
+use anarchon::proto::mesh_client::MeshClient;
+use tonic::transport::Channel;
+
+/// A Mesh client on the plaintext gRPC port at `addr`.
+pub async fn client(addr: SocketAddr) -> MeshClient<Channel> {
+    MeshClient::new(
+        Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    )
+}
+
+/// `ListPeers` of the sidecar at `addr`.
+pub async fn list(addr: SocketAddr) -> pb::ListPeersResponse {
+    client(addr)
+        .await
+        .list_peers(pb::ListPeersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// How many peers a list shows ALIVE.
+pub fn alive(l: &pb::ListPeersResponse) -> usize {
+    l.peers
+        .iter()
+        .filter(|p| p.state == pb::PeerState::Alive as i32)
+        .count()
+}
+
+/// Polls until `f` holds or `within` passes; returns when it first held.
+pub async fn until<F, Fut>(within: Duration, mut f: F) -> Option<Instant>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if f().await {
+            return Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Waits until every sidecar sees every other one ALIVE (a sidecar that
+/// does not answer yet counts as seeing none).
+pub async fn linked(addrs: &[SocketAddr]) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut ok = true;
+        for a in addrs {
+            let seen = match MeshClient::connect(format!("http://{a}")).await {
+                Ok(mut m) => m
+                    .list_peers(pb::ListPeersRequest {})
+                    .await
+                    .map(|l| alive(&l.into_inner()))
+                    .unwrap_or(0),
+                Err(_) => 0,
+            };
+            ok &= seen >= addrs.len() - 1;
+        }
+        if ok {
+            return;
+        }
+        assert!(Instant::now() < end, "the mesh of {addrs:?} did not link");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// [`linked`] from a test without a runtime of its own.
+pub fn linked_blocking(addrs: &[SocketAddr]) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(linked(addrs));
+}
+
+/// `--peer ADDR` for every address of `addrs` but the `i`th.
+pub fn peer_flags(addrs: &[SocketAddr], i: usize) -> Vec<String> {
+    addrs
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i)
+        .flat_map(|(_, a)| ["--peer".to_string(), a.to_string()])
+        .collect()
+}
+
+/// Starts sidecar `i` of a full mesh on `addrs` (from `free_addr`: every
+/// peer must know them before it starts) in `dir`, with `flags` and a
+/// `--peer` for every other one.
+pub fn start_in_mesh(
+    dir: &std::path::Path,
+    addrs: &[SocketAddr],
+    i: usize,
+    mut flags: Vec<String>,
+) -> super::process::Sidecar {
+    flags.extend(peer_flags(addrs, i));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    super::process::Sidecar::start_at(dir, addrs[i], &flags)
+}
