@@ -84,7 +84,7 @@ impl IdmpStore {
     }
 }
 
-once_store!(IdmpStore);
+once_store!(IdmpStore, bounded);
 
 impl IdmpStore {
     async fn do_claim(&self, spec: &ClaimSpec) -> Result<ClaimAnswer> {
@@ -102,22 +102,11 @@ impl IdmpStore {
         self.base.claim_by_script(spec, &inv).await
     }
 
-    async fn do_release(&self, spec: &ReleaseSpec) -> Result<()> {
-        self.base.release(spec, None).await
-    }
-
-    async fn do_history(
-        &self,
-        job: &Job,
-        limit: u32,
-        before_slot_ms: Option<i64>,
-    ) -> Result<HistoryPage> {
-        let note = format!(
+    /// What `history` says about what this strategy remembers.
+    fn history_note(&self) -> String {
+        format!(
             "redis idmp remembers claims for IDMP-DURATION = {} s, and results when released; no leases, attempts or takeovers",
             self.duration_s
-        );
-        self.base
-            .recent_history(job, limit, before_slot_ms, note)
-            .await
+        )
     }
 }

@@ -209,12 +209,14 @@ impl RedisConfig {
                 "idmp_maxsize" => cfg.idmp_maxsize = num(v)?,
                 "history_maxlen" => cfg.history_maxlen = num(v)?,
                 "quarantine_ms" => cfg.quarantine_ms = num(v)?,
-                "min_replicas" => cfg.min_replicas =
-                    Some(v.parse::<u32>().ok().filter(|n| *n <= 16).ok_or_else(|| {
+                "min_replicas" => {
+                    let n = v.parse::<u32>().ok().filter(|n| *n <= 16).ok_or_else(|| {
                         bad(format!(
                             "redis option min_replicas={v:?} must be a whole number from 0 to 16"
                         ))
-                    })?),
+                    })?;
+                    cfg.min_replicas = Some(n);
+                }
                 "replica_timeout_ms" => cfg.replica_timeout_ms = num(v)?,
                 // split_options let no other option through.
                 _ => {}

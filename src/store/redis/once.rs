@@ -322,7 +322,34 @@ fn fencing_cmp(a: &str, b: &str) -> std::cmp::Ordering {
 /// come from the strategy's `do_claim`, `do_release` and `do_history`;
 /// there are no leases, and nothing to prune (each strategy bounds its own
 /// streams, or keeps them forever).
+///
+/// `once_store!(T, bounded)`: a strategy over a bounded stream (`script`,
+/// `idmp`), whose release finds the claim by a scan and whose history is the
+/// stream's recent entries, noted with `T::history_note`.
 macro_rules! once_store {
+    ($t:ty, bounded) => {
+        impl $t {
+            async fn do_release(
+                &self,
+                spec: &crate::claim::ReleaseSpec,
+            ) -> crate::error::Result<()> {
+                self.base.release(spec, None).await
+            }
+
+            async fn do_history(
+                &self,
+                job: &crate::claim::Job,
+                limit: u32,
+                before_slot_ms: Option<i64>,
+            ) -> crate::error::Result<crate::claim::HistoryPage> {
+                self.base
+                    .recent_history(job, limit, before_slot_ms, self.history_note())
+                    .await
+            }
+        }
+
+        once_store!($t);
+    };
     ($t:ty) => {
         #[async_trait::async_trait]
         impl crate::store::Store for $t {

@@ -49,7 +49,7 @@ impl ScriptStore {
     }
 }
 
-once_store!(ScriptStore);
+once_store!(ScriptStore, bounded);
 
 impl ScriptStore {
     async fn do_claim(&self, spec: &ClaimSpec) -> Result<ClaimAnswer> {
@@ -64,22 +64,11 @@ impl ScriptStore {
         self.base.claim_by_script(spec, &inv).await
     }
 
-    async fn do_release(&self, spec: &ReleaseSpec) -> Result<()> {
-        self.base.release(spec, None).await
-    }
-
-    async fn do_history(
-        &self,
-        job: &Job,
-        limit: u32,
-        before_slot_ms: Option<i64>,
-    ) -> Result<HistoryPage> {
-        let note = format!(
+    /// What `history` says about what this strategy remembers.
+    fn history_note(&self) -> String {
+        format!(
             "redis script remembers claims for window_ms = {} ms, and results when released; no leases, attempts or takeovers",
             self.window_ms
-        );
-        self.base
-            .recent_history(job, limit, before_slot_ms, note)
-            .await
+        )
     }
 }
