@@ -209,9 +209,10 @@ pub async fn hold_run(
             (ev.claim.unwrap_or_default(), deadline)
         }
         None => {
-            return Err(tonic::Status::unavailable(
-                "the sidecar closed the hold stream without an answer",
-            ))
+            return Err(crate::Error::Unavailable(
+                "the sidecar closed the hold stream without an answer".into(),
+            )
+            .into())
         }
     };
     if first.outcome != pb::Outcome::Won as i32 {
