@@ -233,14 +233,7 @@ fn watch_streams_a_snapshot_then_changes() {
 fn ready_file_reports_ports_that_answer() {
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
+    let mut child = common::process::serve_on_any_port()
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .arg("--ready-file")
@@ -434,14 +427,8 @@ fn serve_until_exit(
     use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     let t = std::time::Instant::now();
-    let mut child = Command::new(BIN)
+    let mut child = common::process::serve_on_any_port()
         .args([
-            "serve",
-            // Nobody dials it: the kernel picks the ports.
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
             "--data-dir",
             dir.path().to_str().unwrap(),
             "--backend",

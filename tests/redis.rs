@@ -18,7 +18,7 @@ use anarchon::claim::*;
 use anarchon::error::Error;
 use anarchon::proto as pb;
 use anarchon::store::{self, DynStore, StoreOptions};
-use common::process::{free_addr, Sidecar, BIN};
+use common::process::{free_addr, Sidecar};
 use common::redis as r;
 use common::{holder, job, services, spec};
 use tokio::sync::Mutex;
@@ -279,15 +279,7 @@ fn serve_refuses_idmp_on_redis_below_8_6() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        // Nobody dials it: the kernel picks the ports.
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
+    let out = common::process::serve_on_any_port()
         .arg("--data-dir")
         .arg(dir.path())
         .arg("--backend")

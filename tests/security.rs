@@ -368,9 +368,17 @@ async fn bearer_token_guards_the_application_api_and_the_mesh_secret_guards_link
             .output()
             .unwrap();
     }
-    let state = common::http_get(sa.admin, "/api/v1/mesh/state", Some("app-s3cret")).await;
-    let v: serde_json::Value = serde_json::from_str(&state).unwrap();
-    assert!(v["refused"]["bad_secret"].as_u64().unwrap_or(0) >= 1, "{v}");
+    // C's hello with the wrong secret is refused (C may dial after B linked).
+    let end = Instant::now() + Duration::from_secs(10);
+    let state = loop {
+        let state = common::http_get(sa.admin, "/api/v1/mesh/state", Some("app-s3cret")).await;
+        let v: serde_json::Value = serde_json::from_str(&state).unwrap();
+        if v["refused"]["bad_secret"].as_u64().unwrap_or(0) >= 1 {
+            break state;
+        }
+        assert!(Instant::now() < end, "C's bad secret never refused: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(!state.contains("mesh-s3cret") && !state.contains("not-the-secret"));
     assert!(common::http_get(sa.admin, "/api/v1/mesh/state", None)
         .await

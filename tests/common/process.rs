@@ -44,6 +44,21 @@ pub fn free_addr_on(ip: std::net::IpAddr) -> SocketAddr {
     panic!("no free port below the ephemeral range on {ip}");
 }
 
+/// `anarchon serve` on ports the kernel picks (`--listen 127.0.0.1:0
+/// --admin-listen 127.0.0.1:0`), for a process nobody dials by a known
+/// address; add `--ready-file` to learn them.
+pub fn serve_on_any_port() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    cmd
+}
+
 /// A plain blocking HTTP/1.1 GET; returns the body.
 pub fn http_get_blocking(addr: SocketAddr, path: &str) -> String {
     use std::io::{Read, Write};
