@@ -367,7 +367,8 @@ async fn cron_waits_for_a_sidecar_that_is_not_up_yet() {
 async fn a_short_sidecar_outage_misses_no_tick() {
     let _turn = TURN.lock().await;
     let root = tempfile::tempdir().unwrap();
-    let mut s = Sidecar::start(&root.path().join("s"), &[]);
+    // Restarted below: on a port outside the ephemeral range.
+    let mut s = Sidecar::start_at(&root.path().join("s"), common::process::free_addr(), &[]);
     let (mut c, out) = Cron::every_second(root.path(), s.addr, "outage", "30s");
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.kill();

@@ -195,7 +195,8 @@ async fn left_is_final_and_a_pair_has_no_relay() {
     let with_seed = [refs(&base), vec!["--peer", seed.as_str()]].concat();
     let b_dir = root.path().join("b");
     let b_node = node_of(&b_dir);
-    let mut b = Sidecar::start(&b_dir, &with_seed);
+    // Restarted below: on a port outside the ephemeral range.
+    let mut b = Sidecar::start_at(&b_dir, free_addr(), &with_seed);
     assert!(until(Duration::from_secs(10), || async {
         state(&list(a.addr).await, &b_node) == Some(pb::PeerState::Alive)
     })

@@ -86,6 +86,9 @@ pub struct Sidecar {
     pub ready_file: PathBuf,
     /// Run under this group id (the fault lab tells processes apart by it).
     pub gid: Option<u32>,
+    /// Started with `start` (ports from the kernel's ephemeral range): not
+    /// to be restarted, see [`Sidecar::restart`].
+    kernel_picked: bool,
 }
 
 /// Port 0 on `ip`: the sidecar binds a port the kernel picks and reports it
@@ -131,7 +134,16 @@ impl Sidecar {
         use std::sync::atomic::{AtomicU32, Ordering};
         static STARTED: AtomicU32 = AtomicU32::new(0);
         let n = STARTED.fetch_add(1, Ordering::Relaxed);
-        let admin = any_port(addr.ip());
+        // A sidecar on a chosen address may be restarted, and comes back on
+        // the same ports: those must lie outside the ephemeral range, or a
+        // dial (a peer redialing it binds port 0 on its IP) can take one
+        // while it is down. A kernel-picked address has its admin picked too.
+        let kernel_picked = addr.port() == 0;
+        let admin = if kernel_picked {
+            any_port(addr.ip())
+        } else {
+            free_addr_on(addr.ip())
+        };
         let ready_file = data_dir.join(format!("ready-{n}"));
         let mut args: Vec<String> = vec![
             "serve".into(),
@@ -154,6 +166,7 @@ impl Sidecar {
             log: data_dir.join(format!("serve-{n}.log")),
             ready_file,
             gid,
+            kernel_picked,
         };
         s.spawn();
         s
@@ -259,9 +272,15 @@ impl Sidecar {
         c.wait().unwrap()
     }
 
-    /// Starts again with the same flags (same data dir and ports; a port the
-    /// kernel picked at the first start is asked for again).
+    /// Starts again with the same flags (same data dir and ports). Only for
+    /// a sidecar started on a chosen address (`start_at`, from
+    /// [`free_addr`]): a kernel-picked port is in the ephemeral range, where
+    /// any dial may take it while the sidecar is down.
     pub fn restart(&mut self) {
+        assert!(
+            !self.kernel_picked,
+            "restart() needs ports outside the ephemeral range: start this sidecar with start_at(free_addr())"
+        );
         self.kill();
         self.spawn();
     }

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anarchon::claim::host_now_ms;
+use anarchon::cli::outcome_name;
 use anarchon::error::status_reason;
 use anarchon::proto as pb;
 use anarchon::proto::claims_client::ClaimsClient;
@@ -756,18 +757,6 @@ pub struct Report {
     pub load_after: String,
 }
 
-fn outcome_name(o: pb::Outcome) -> &'static str {
-    match o {
-        pb::Outcome::Won => "WON",
-        pb::Outcome::Lost => "LOST",
-        pb::Outcome::Running => "RUNNING",
-        pb::Outcome::Done => "DONE",
-        pb::Outcome::Late => "LATE",
-        pb::Outcome::Overlap => "OVERLAP",
-        pb::Outcome::Unspecified => "UNSPECIFIED",
-    }
-}
-
 /// The nearest-rank quantile of sorted values.
 fn quantile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
@@ -849,7 +838,7 @@ impl Report {
                 Ok(a) => {
                     r.answered += 1;
                     *r.outcomes
-                        .entry(outcome_name(a.outcome).into())
+                        .entry(outcome_name(a.outcome as i32).into())
                         .or_default() += 1;
                     if a.outcome == pb::Outcome::Won {
                         wins.entry((ev.lock, ev.slot)).or_default().push(ev);
@@ -912,7 +901,7 @@ impl Report {
                 .iter()
                 .filter(|e| !e.lock && e.slot == *s)
                 .map(|e| match &e.res {
-                    Ok(a) => format!("{}@+{}ms", outcome_name(a.outcome), e.sent_ms - s),
+                    Ok(a) => format!("{}@+{}ms", outcome_name(a.outcome as i32), e.sent_ms - s),
                     Err(f) => format!("{f:?}@+{}ms", e.sent_ms - s),
                 })
                 .collect();
