@@ -401,21 +401,7 @@ async fn health_reflection_metrics_and_readiness() {
         .await
         .starts_with("ok"));
     // Reflection lists our services.
-    use tonic_reflection::pb::v1::{
-        server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, ServerReflectionRequest,
-    };
-    let mut refl = ServerReflectionClient::new(ch);
-    let reqs = tokio_stream::iter(vec![ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    }]);
-    let mut resp = refl
-        .server_reflection_info(reqs)
-        .await
-        .unwrap()
-        .into_inner();
-    let msg = format!("{:?}", resp.message().await.unwrap().unwrap());
+    let msg = reflection_v1_services(ch).await;
     assert!(
         msg.contains("anarchon.v1.Claims") && msg.contains("anarchon.v1.Mesh"),
         "{msg}"
@@ -641,24 +627,8 @@ async fn standard_tools_reflection_health_metrics_and_bad_bodies() {
         let file = format!("{:?}", resp.message().await.unwrap().unwrap());
         assert!(file.contains("FileDescriptorResponse"), "{file}");
     }
-    {
-        use tonic_reflection::pb::v1::{
-            server_reflection_client::ServerReflectionClient,
-            server_reflection_request::MessageRequest, ServerReflectionRequest,
-        };
-        let mut refl = ServerReflectionClient::new(ch.clone());
-        let reqs = tokio_stream::iter(vec![ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        }]);
-        let mut resp = refl
-            .server_reflection_info(reqs)
-            .await
-            .unwrap()
-            .into_inner();
-        let list = format!("{:?}", resp.message().await.unwrap().unwrap());
-        assert!(list.contains("grpc.health.v1.Health"), "{list}");
-    }
+    let list = reflection_v1_services(ch.clone()).await;
+    assert!(list.contains("grpc.health.v1.Health"), "{list}");
 
     // A body that is not protobuf: INVALID_ARGUMENT, counted.
     let before = common::http_get(s.admin, "/metrics", None).await;
@@ -776,4 +746,22 @@ async fn renew_wrong_token_and_relock_through_grpc() {
     assert!(again.fencing > a.fencing);
     let m = common::http_get(s.admin, "/metrics", None).await;
     assert!(m.contains("anarchon_takeovers_total 0"), "{m}");
+}
+
+/// The services gRPC reflection (v1) lists, as the debug text of its answer.
+async fn reflection_v1_services(ch: tonic::transport::Channel) -> String {
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, ServerReflectionRequest,
+    };
+    let reqs = tokio_stream::iter(vec![ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    }]);
+    let mut resp = ServerReflectionClient::new(ch)
+        .server_reflection_info(reqs)
+        .await
+        .unwrap()
+        .into_inner();
+    format!("{:?}", resp.message().await.unwrap().unwrap())
 }
