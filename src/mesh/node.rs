@@ -93,60 +93,60 @@ impl MeshConfig {
 
 /// A live `Sync` stream with another runtime.
 #[derive(Debug, Clone)]
-struct LinkInfo {
-    node: String,
-    address: String,
-    outbound: bool,
-    last_rx: Instant,
+pub(super) struct LinkInfo {
+    pub(super) node: String,
+    pub(super) address: String,
+    pub(super) outbound: bool,
+    pub(super) last_rx: Instant,
 }
 
 pub struct Mesh {
-    id: Arc<Identity>,
-    cfg: MeshConfig,
-    table: Mutex<PeerTable>,
-    events: broadcast::Sender<pb::PeerEvent>,
-    links: Mutex<HashMap<u64, LinkInfo>>,
+    pub(super) id: Arc<Identity>,
+    pub(super) cfg: MeshConfig,
+    pub(super) table: Mutex<PeerTable>,
+    pub(super) events: broadcast::Sender<pb::PeerEvent>,
+    pub(super) links: Mutex<HashMap<u64, LinkInfo>>,
     /// When the last link to a node broke (suspects for one expiry).
-    links_lost: Mutex<HashMap<String, Instant>>,
-    next_link: AtomicU64,
+    pub(super) links_lost: Mutex<HashMap<String, Instant>>,
+    pub(super) next_link: AtomicU64,
     beat: AtomicU64,
     /// Set by [`Mesh::leave`]: every later mark of ours says LEFT (final).
     left: AtomicBool,
     /// The runtimes this one dials ([`super::fanout`]), recomputed by the
     /// discovery loop.
-    chosen: Mutex<HashSet<String>>,
+    pub(super) chosen: Mutex<HashSet<String>>,
     /// Bytes of sync frames sent, for the metrics and the benchmarks.
-    sent_bytes: AtomicU64,
+    pub(super) sent_bytes: AtomicU64,
     /// Bumped when our beat rises (and for the leave mark): every link sends
     /// its frame then.
-    frames_due: watch::Sender<u64>,
-    dialing: Mutex<HashSet<String>>,
+    pub(super) frames_due: watch::Sender<u64>,
+    pub(super) dialing: Mutex<HashSet<String>>,
     /// Configured peer addresses (`--peer`, DNS) whose last dial failed, with
     /// the error: shown by `ListPeers` and counted as unreachable links.
-    unreachable: Mutex<HashMap<String, String>>,
-    self_addrs: Mutex<HashSet<String>>,
-    dns: Mutex<HashSet<String>>,
-    stop: watch::Receiver<bool>,
+    pub(super) unreachable: Mutex<HashMap<String, String>>,
+    pub(super) self_addrs: Mutex<HashSet<String>>,
+    pub(super) dns: Mutex<HashSet<String>>,
+    pub(super) stop: watch::Receiver<bool>,
     /// Bumped when a peer dies or nudges us: waiters re-check the store.
     runs_changed: watch::Sender<u64>,
-    nudges: broadcast::Sender<pb::Nudge>,
+    pub(super) nudges: broadcast::Sender<pb::Nudge>,
     /// Runtimes refused as links because they claim in another store.
-    refused: Mutex<HashMap<String, RefusedLink>>,
+    pub(super) refused: Mutex<HashMap<String, RefusedLink>>,
 }
 
 /// A runtime refused as a link, for `peers`, `/readyz` and the dashboard.
 #[derive(Debug, Clone)]
-struct RefusedLink {
-    address: String,
-    reason: Refusal,
-    store_identity: String,
-    at: Instant,
+pub(super) struct RefusedLink {
+    pub(super) address: String,
+    pub(super) reason: Refusal,
+    pub(super) store_identity: String,
+    pub(super) at: Instant,
     /// Known from its own hello (proof of key), not just from what the
     /// runtime we dialed said about itself when it refused us.
-    verified: bool,
+    pub(super) verified: bool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave the table half-updated in
     // a way that matters more than stopping the mesh would; keep serving.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -230,7 +230,7 @@ impl Mesh {
         &self.cfg.store_identity
     }
 
-    fn stopped(&self) -> bool {
+    pub(super) fn stopped(&self) -> bool {
         *self.stop.borrow()
     }
 
@@ -276,7 +276,7 @@ impl Mesh {
         self.frames_due.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    fn publish(&self, changes: Vec<(String, Change)>, now: Instant) {
+    pub(super) fn publish(&self, changes: Vec<(String, Change)>, now: Instant) {
         if changes.is_empty() {
             return;
         }
@@ -303,7 +303,7 @@ impl Mesh {
         }
     }
 
-    fn wake_waiters(&self) {
+    pub(super) fn wake_waiters(&self) {
         self.runs_changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -437,7 +437,13 @@ impl Mesh {
     /// `peers`/`/readyz`, and — when `verified` (we checked its hello's proof
     /// of key) — dropped from the table with its marks ignored, so that it
     /// never counts as a dead holder here (its runs live in its own store).
-    fn refuse_store_mismatch(&self, node: &str, address: &str, theirs: &str, verified: bool) {
+    pub(super) fn refuse_store_mismatch(
+        &self,
+        node: &str,
+        address: &str,
+        theirs: &str,
+        verified: bool,
+    ) {
         let now = Instant::now();
         let first = {
             let mut refused = lock(&self.refused);
@@ -480,7 +486,7 @@ impl Mesh {
     /// Whether a hello announces another store than ours (either side may
     /// leave it empty: nothing to compare). A hello on our store clears an
     /// earlier refusal of that runtime (its operator fixed its store).
-    fn other_store(&self, hello: &pb::Hello) -> bool {
+    pub(super) fn other_store(&self, hello: &pb::Hello) -> bool {
         let other = !self.cfg.store_identity.is_empty()
             && !hello.store_identity.is_empty()
             && hello.store_identity != self.cfg.store_identity;
@@ -504,7 +510,7 @@ impl Mesh {
     }
 
     /// This runtime's hello, with a fresh nonce.
-    fn hello(&self) -> pb::Hello {
+    pub(super) fn hello(&self) -> pb::Hello {
         let mut h = sign_hello(&self.id, &self.cfg.advertise, self.cfg.secret.as_deref());
         h.store_identity = self.cfg.store_identity.clone();
         h
@@ -700,7 +706,7 @@ impl Mesh {
 
     // ---- links -------------------------------------------------------------
 
-    fn link_with(&self, node: &str) -> Option<LinkInfo> {
+    pub(super) fn link_with(&self, node: &str) -> Option<LinkInfo> {
         lock(&self.links)
             .values()
             .filter(|l| l.node == node)
@@ -710,7 +716,10 @@ impl Mesh {
 
     /// The first frame of a link, which must be a hello (within one expiry).
     /// Anything else is counted as `no_hello`.
-    async fn first_hello(&self, inbound: &mut Streaming<pb::SyncFrame>) -> Option<pb::Hello> {
+    pub(super) async fn first_hello(
+        &self,
+        inbound: &mut Streaming<pb::SyncFrame>,
+    ) -> Option<pb::Hello> {
         match tokio::time::timeout(self.cfg.expiry, inbound.message()).await {
             Ok(Ok(Some(pb::SyncFrame {
                 frame: Some(pb::sync_frame::Frame::Hello(h)),
@@ -780,7 +789,7 @@ impl Mesh {
     }
 
     /// Runs one link until it breaks, expires, or the mesh stops.
-    async fn run_link<S>(
+    pub(super) async fn run_link<S>(
         self: Arc<Self>,
         remote: pb::Hello,
         address: String,
@@ -994,7 +1003,7 @@ impl Mesh {
 
     // ---- dialing and discovery ----------------------------------------------
 
-    async fn discovery_loop(self: Arc<Self>) {
+    pub(super) async fn discovery_loop(self: Arc<Self>) {
         let mut every = tokio::time::interval(self.cfg.heartbeat);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut n: u64 = 0;
@@ -1235,7 +1244,7 @@ impl Mesh {
 
     // ---- persistence -------------------------------------------------------
 
-    async fn persist_loop(self: Arc<Self>) {
+    pub(super) async fn persist_loop(self: Arc<Self>) {
         let mut every = tokio::time::interval(self.cfg.heartbeat * 5);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stop = self.stop.clone();
