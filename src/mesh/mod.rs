@@ -16,6 +16,7 @@ pub mod dial;
 pub mod fanout;
 pub mod gossip;
 pub mod identity;
+pub mod links;
 pub mod marks;
 pub mod node;
 pub mod persist;
