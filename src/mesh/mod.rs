@@ -13,6 +13,7 @@
 //!   discovery (static, DNS, gossip), persistence, events for `WatchPeers`.
 
 pub mod dial;
+pub mod discovery;
 pub mod fanout;
 pub mod gossip;
 pub mod identity;

@@ -21,15 +21,13 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::dial::Redial;
-use super::fanout;
 use super::identity::Identity;
 use super::links::{LinkInfo, RefusedLink};
-use super::marks::{sign_mark, verify_hello};
+use super::marks::sign_mark;
 use super::persist;
 use super::table::{Change, PeerTable, TableConfig};
 use crate::claim::{DeadHolders, Holder};
-use crate::error::{dial_refusal, DialRefusal, MeshError};
+use crate::error::MeshError;
 use crate::proto as pb;
 
 /// Mesh settings, from the config.
@@ -133,9 +131,6 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The relay budget lives with the links; named here too for `benches/`.
 pub use super::links::RELAY_MARKS_PER_HEARTBEAT;
-
-/// Random links are drawn again every this many heartbeats.
-const RESHUFFLE_HEARTBEATS: u32 = 30;
 
 impl Mesh {
     /// Starts the mesh tasks. They stop when `stop` turns true. The mesh bumps
@@ -376,21 +371,6 @@ impl Mesh {
         out
     }
 
-    /// Records a failed dial of a configured address (logged once per
-    /// address at warn, then at debug).
-    fn note_unreachable(&self, addr: &str, error: &str) {
-        let configured = self.cfg.peers.iter().any(|p| p == addr) || lock(&self.dns).contains(addr);
-        if !configured {
-            return;
-        }
-        let first = lock(&self.unreachable)
-            .insert(addr.to_owned(), error.to_owned())
-            .is_none();
-        if first {
-            tracing::warn!(%addr, %error, "configured peer is unreachable; retrying");
-        }
-    }
-
     /// Runtimes refused as links within the last expiry, newest first.
     pub fn refused_peers(&self, now: Instant) -> Vec<pb::RefusedPeer> {
         let mut out: Vec<_> = lock(&self.refused)
@@ -596,247 +576,6 @@ impl Mesh {
         }
     }
 
-    // ---- dialing and discovery ----------------------------------------------
-
-    pub(super) async fn discovery_loop(self: Arc<Self>) {
-        let mut every = tokio::time::interval(self.cfg.heartbeat);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut n: u64 = 0;
-        let mut stop = self.stop.clone();
-        loop {
-            tokio::select! {
-                _ = every.tick() => {}
-                _ = stop.changed() => return,
-            }
-            if n.is_multiple_of(5) {
-                self.resolve_dns().await;
-            }
-            self.choose_links(n / u64::from(RESHUFFLE_HEARTBEATS));
-            n += 1;
-            for addr in self.desired_addresses() {
-                let fresh = lock(&self.dialing).insert(addr.clone());
-                if fresh {
-                    tokio::spawn(self.clone().dial_loop(addr));
-                }
-            }
-        }
-    }
-
-    async fn resolve_dns(&self) {
-        let mut found = HashSet::new();
-        for name in &self.cfg.peer_dns {
-            match tokio::net::lookup_host(name.as_str()).await {
-                Ok(addrs) => found.extend(addrs.map(|a| a.to_string())),
-                Err(e) => tracing::debug!(name = %name, error = %e, "peer dns lookup failed"),
-            }
-        }
-        *lock(&self.dns) = found;
-    }
-
-    /// Recomputes the runtimes we dial ([`fanout::choose`]): among the live
-    /// ones by rendezvous hashing plus a few at random (drawn again every
-    /// [`RESHUFFLE_HEARTBEATS`]); plus one runtime seen within ten expiries
-    /// but not live now (restored from disk, or beyond a partition), so a
-    /// split mesh and a restarted one find each other again.
-    fn choose_links(&self, epoch: u64) {
-        let now = Instant::now();
-        let horizon = self.cfg.expiry * 10;
-        let (live, recent) = {
-            let table = lock(&self.table);
-            let mut live = Vec::new();
-            let mut recent = Vec::new();
-            for p in table.peers(now) {
-                if p.address.is_empty() {
-                    continue;
-                }
-                match pb::PeerState::try_from(p.state) {
-                    Ok(pb::PeerState::Alive | pb::PeerState::Unreachable) => live.push(p.node),
-                    Ok(pb::PeerState::Expired)
-                        if p.beat_age_ms < 0 || (p.beat_age_ms as u128) < horizon.as_millis() =>
-                    {
-                        recent.push(p.node)
-                    }
-                    _ => {}
-                }
-            }
-            (live, recent)
-        };
-        let mut chosen = fanout::choose(
-            &self.id.node,
-            live.iter().map(String::as_str),
-            self.cfg.max_links,
-            epoch,
-        );
-        chosen.extend(
-            fanout::choose(&self.id.node, recent.iter().map(String::as_str), 1, epoch)
-                .into_iter()
-                .take(1),
-        );
-        *lock(&self.chosen) = chosen.into_iter().collect();
-    }
-
-    /// Addresses to dial: the chosen runtimes', and the configured ones
-    /// (`--peer`, DNS) while fewer chosen links are up than wanted.
-    fn desired_addresses(&self) -> HashSet<String> {
-        let chosen: Vec<String> = lock(&self.chosen).iter().cloned().collect();
-        let linked: HashSet<String> = lock(&self.links).values().map(|l| l.node.clone()).collect();
-        let mut out = HashSet::new();
-        {
-            let table = lock(&self.table);
-            for n in &chosen {
-                if let Some(a) = table.address_of(n) {
-                    if !a.is_empty() {
-                        out.insert(a.to_owned());
-                    }
-                }
-            }
-        }
-        let up = chosen.iter().filter(|n| linked.contains(*n)).count();
-        let wanted = fanout::split(self.cfg.max_links).0.min(chosen.len()).max(1);
-        if up < wanted {
-            out.extend(self.cfg.peers.iter().cloned());
-            out.extend(lock(&self.dns).iter().cloned());
-        }
-        let selves = lock(&self.self_addrs);
-        out.retain(|a| !selves.contains(a));
-        out
-    }
-
-    async fn dial_loop(self: Arc<Self>, addr: String) {
-        let mut redial = Redial::new(self.cfg.heartbeat, self.cfg.expiry);
-        loop {
-            if self.stopped() || lock(&self.self_addrs).contains(&addr) {
-                break;
-            }
-            if !self.desired_addresses().contains(&addr) {
-                break;
-            }
-            let started = Instant::now();
-            if self.should_dial(&addr) {
-                match self.clone().dial_once(&addr).await {
-                    Ok(()) => {}
-                    Err(DialError::IsSelf) => {
-                        lock(&self.self_addrs).insert(addr.clone());
-                        break;
-                    }
-                    Err(DialError::Other(e)) => {
-                        tracing::debug!(%addr, error = %e, "dial failed");
-                        self.note_unreachable(&addr, &e);
-                    }
-                }
-                if started.elapsed() >= self.cfg.expiry {
-                    redial.reset();
-                }
-                tokio::time::sleep(redial.next_delay()).await;
-            } else {
-                tokio::time::sleep(self.cfg.heartbeat).await;
-            }
-        }
-        lock(&self.dialing).remove(&addr);
-        lock(&self.unreachable).remove(&addr);
-    }
-
-    /// The lower node id dials; the higher one only when nothing arrived from
-    /// the lower for 3 heartbeats.
-    fn should_dial(&self, addr: &str) -> bool {
-        let node = {
-            let table = lock(&self.table);
-            table
-                .addresses(Instant::now())
-                .into_iter()
-                .find(|(_, a, _)| a == addr)
-                .map(|(n, _, _)| n)
-        };
-        let Some(node) = node else { return true };
-        if let Some(l) = self.link_with(&node) {
-            // Already linked with that runtime: nothing to do.
-            let quiet = Instant::now().saturating_duration_since(l.last_rx);
-            if quiet <= self.cfg.heartbeat * 3 {
-                return false;
-            }
-        }
-        node > self.id.node || self.link_with(&node).is_none()
-    }
-
-    async fn dial_once(self: Arc<Self>, addr: &str) -> Result<(), DialError> {
-        let other = |e: &dyn std::fmt::Display| DialError::Other(e.to_string());
-        let scheme = if self.cfg.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| other(&e))?
-            .connect_timeout(self.cfg.heartbeat * 2)
-            .local_address(self.cfg.bind_ip)
-            .tcp_nodelay(true);
-        if let Some(tls) = &self.cfg.tls {
-            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| other(&e))?;
-        }
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| DialError::Other(crate::error::error_chain(&e)))?;
-        let mut client = pb::mesh_client::MeshClient::new(channel)
-            .max_decoding_message_size(self.cfg.max_frame_bytes)
-            .max_encoding_message_size(self.cfg.max_frame_bytes);
-        let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
-        let hello = self.hello();
-        let _ = tx.try_send(pb::SyncFrame {
-            frame: Some(pb::sync_frame::Frame::Hello(hello)),
-        });
-        let resp = tokio::time::timeout(self.cfg.expiry, client.sync(ReceiverStream::new(rx)))
-            .await
-            .map_err(|e| other(&e))?;
-        let mut inbound = match resp {
-            Ok(r) => r.into_inner(),
-            Err(st) => {
-                match dial_refusal(&st) {
-                    DialRefusal::IsSelf => return Err(DialError::IsSelf),
-                    // Unverified (it refused before sending its hello):
-                    // shown and counted, but it changes nothing else.
-                    DialRefusal::StoreMismatch {
-                        node,
-                        store_identity,
-                    } if !node.is_empty() => {
-                        self.refuse_store_mismatch(&node, addr, &store_identity, false);
-                    }
-                    DialRefusal::Credentials => {
-                        tracing::warn!(%addr, error = %st.message(), "peer refused us");
-                    }
-                    _ => {}
-                }
-                return Err(other(&st));
-            }
-        };
-        let Some(hello) = self.first_hello(&mut inbound).await else {
-            return Err(DialError::Other("no hello from the peer".into()));
-        };
-        if let Err(r) = verify_hello(&hello, self.cfg.secret.as_deref()) {
-            lock(&self.table).count_refusal(r);
-            tracing::warn!(%addr, reason = r.as_str(), "refused the peer we dialed");
-            return Err(DialError::Other(format!("peer refused: {}", r.as_str())));
-        }
-        if hello.node == self.id.node {
-            return Err(DialError::IsSelf);
-        }
-        if self.other_store(&hello) {
-            self.refuse_store_mismatch(&hello.node, addr, &hello.store_identity, true);
-            return Err(DialError::Other("peer refused: store_mismatch".into()));
-        }
-        // One link per pair: the higher node drops its own dial when the
-        // lower one's link is already up.
-        if let Some(l) = self.link_with(&hello.node) {
-            if !l.outbound && self.id.node > hello.node {
-                return Ok(());
-            }
-        }
-        lock(&self.unreachable).remove(addr);
-        self.run_link(hello, addr.to_owned(), true, false, inbound, tx)
-            .await;
-        Ok(())
-    }
-
     // ---- persistence -------------------------------------------------------
 
     pub(super) async fn persist_loop(self: Arc<Self>) {
@@ -863,12 +602,6 @@ impl Mesh {
             }
         }
     }
-}
-
-#[derive(Debug)]
-enum DialError {
-    IsSelf,
-    Other(String),
 }
 
 /// One runtime as JSON, as `/api/v1/mesh/state`, the dashboard and the
