@@ -22,6 +22,7 @@ pub mod marks;
 pub mod node;
 pub mod persist;
 pub mod table;
+pub mod watch;
 
 pub use identity::Identity;
 pub use node::{Mesh, MeshConfig};
