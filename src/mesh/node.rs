@@ -466,33 +466,6 @@ impl Mesh {
             duplicate_node_key: table.duplicate_key_seen(),
         }
     }
-
-    // ---- persistence -------------------------------------------------------
-
-    pub(super) async fn persist_loop(self: Arc<Self>) {
-        let mut every = tokio::time::interval(self.cfg.heartbeat * 5);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut stop = self.stop.clone();
-        let mut last = String::new();
-        loop {
-            tokio::select! {
-                _ = every.tick() => {}
-                _ = stop.changed() => {}
-            }
-            let marks = lock(&self.table).known_marks();
-            if let Some(text) = persist::encode(marks) {
-                if text != last {
-                    if let Err(e) = persist::save(&self.cfg.data_dir, &text) {
-                        tracing::warn!(error = %e, "cannot persist known peers");
-                    }
-                    last = text;
-                }
-            }
-            if self.stopped() {
-                return;
-            }
-        }
-    }
 }
 
 /// One runtime as JSON, as `/api/v1/mesh/state`, the dashboard and the

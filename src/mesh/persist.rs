@@ -1,13 +1,16 @@
 //! `<data_dir>/peers.json`: who was there before a restart (SPEC §4.2:
 //! reloading restores *who*, never freshness). Forgotten runtimes are not
-//! in the table, so they leave the file at the next write.
+//! in the table, so they leave the file at the next write. The mesh writes
+//! it every 5 heartbeats when it changed, and once more when it stops.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::identity::{write_atomic, IdentityError};
+use super::node::{lock, Mesh};
 use crate::proto as pb;
 
 pub const PEERS_FILE: &str = "peers.json";
@@ -78,6 +81,33 @@ pub fn load(dir: &Path) -> Vec<pb::Mark> {
             })
         })
         .collect()
+}
+
+impl Mesh {
+    pub(super) async fn persist_loop(self: Arc<Self>) {
+        let mut every = tokio::time::interval(self.cfg.heartbeat * 5);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stop = self.stop.clone();
+        let mut last = String::new();
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.changed() => {}
+            }
+            let marks = lock(&self.table).known_marks();
+            if let Some(text) = encode(marks) {
+                if text != last {
+                    if let Err(e) = save(&self.cfg.data_dir, &text) {
+                        tracing::warn!(error = %e, "cannot persist known peers");
+                    }
+                    last = text;
+                }
+            }
+            if self.stopped() {
+                return;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
