@@ -12,8 +12,8 @@ use tonic::{Request, Status};
 
 use super::{ClientOpts, EXIT_NOT_WON};
 use crate::error::status_reason;
-use crate::mesh::node::{link_name, peer_state_name};
 use crate::proto as pb;
+use crate::server::mesh_state::{link_name, peer_state_name};
 
 /// Adds `authorization: Bearer <token>` when a token is configured.
 #[derive(Clone)]
@@ -581,10 +581,10 @@ pub struct WatchArgs {
 }
 
 /// A runtime as `peers --json` and `watch --json` print it: the mesh's
-/// [`peer_json`](crate::mesh::node::peer_json) with the last dial error in
+/// [`peer_json`](crate::server::mesh_state::peer_json) with the last dial error in
 /// place of the labels.
 fn peer_json(p: &pb::Peer) -> serde_json::Value {
-    let mut v = crate::mesh::node::peer_json(p);
+    let mut v = crate::server::mesh_state::peer_json(p);
     if let Some(o) = v.as_object_mut() {
         o.remove("labels");
         o.insert("last_error".into(), json!(p.labels.get("last_error")));

@@ -20,7 +20,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::identity::Identity;
 use super::links::{LinkInfo, RefusedLink};
-use super::marks::sign_mark;
+use super::marks::{sign_mark, Refusal};
 use super::persist;
 use super::table::{Change, PeerTable, TableConfig};
 use crate::claim::{DeadHolders, Holder};
@@ -346,7 +346,7 @@ impl Mesh {
 
     /// Configured peer addresses that never answered (no runtime known there):
     /// `UNREACHABLE`, no node, the last dial error in the label `last_error`.
-    fn unreachable_peers(&self, now: Instant) -> Vec<pb::Peer> {
+    pub fn unreachable_peers(&self, now: Instant) -> Vec<pb::Peer> {
         let known: HashSet<String> = lock(&self.table)
             .addresses(now)
             .into_iter()
@@ -384,124 +384,67 @@ impl Mesh {
         out
     }
 
-    /// Machine-readable mesh state for `/api/v1/mesh/state`.
-    pub fn state_json(&self) -> serde_json::Value {
-        let now = Instant::now();
-        let list = self.list();
-        let links: Vec<_> = lock(&self.links)
+    /// The runtimes in the liveness table (without the configured
+    /// addresses that never answered: see [`Mesh::unreachable_peers`]).
+    pub fn table_peers(&self, now: Instant) -> Vec<pb::Peer> {
+        lock(&self.table).peers(now)
+    }
+
+    /// The links up now.
+    pub fn link_status(&self, now: Instant) -> Vec<LinkStatus> {
+        lock(&self.links)
             .values()
-            .map(|l| {
-                let quiet = now.saturating_duration_since(l.last_rx);
-                serde_json::json!({
-                    "node": l.node, "address": l.address,
-                    "direction": if l.outbound { "outbound" } else { "inbound" },
-                    "state": if quiet > self.cfg.expiry / 2 { "UNREACHABLE" } else { "CONNECTED" },
-                    "last_rx_ms": quiet.as_millis() as u64,
-                })
+            .map(|l| LinkStatus {
+                node: l.node.clone(),
+                address: l.address.clone(),
+                outbound: l.outbound,
+                quiet: now.saturating_duration_since(l.last_rx),
             })
-            .collect();
-        let table = lock(&self.table);
-        let drops: BTreeMap<&str, u64> = table
-            .drops()
-            .iter()
-            .map(|(r, n)| (r.as_str(), *n))
-            .collect();
-        serde_json::json!({
-            "self": list.self_.as_ref().map(peer_json),
-            "peers": list.peers.iter().map(peer_json).collect::<Vec<_>>(),
-            "links": links,
-            "refused": drops,
-            "beats_accepted": table.beats_accepted(),
-            "duplicate_node_key": table.duplicate_key_seen(),
-            "duplicate_instance": table.duplicate_instance(),
-            "store_identity": self.cfg.store_identity,
-            "refused_peers": self.refused_peers(now).iter().map(|r| serde_json::json!({
-                "node": r.node, "address": r.address, "reason": r.reason,
-                "store_identity": r.store_identity, "age_ms": r.age_ms,
-            })).collect::<Vec<_>>(),
-            "sent_bytes": self.sent_bytes(),
-            "max_links": self.cfg.max_links,
-            "chosen": lock(&self.chosen).iter().cloned().collect::<Vec<_>>(),
-            "heartbeat_ms": self.cfg.heartbeat.as_millis() as u64,
-            "expiry_ms": self.cfg.expiry.as_millis() as u64,
-        })
+            .collect()
     }
 
-    /// Counters for metrics: (peers by state, links by state, drops, beats).
-    pub fn counters(&self) -> MeshCounters {
-        let now = Instant::now();
-        // Before the table lock: this takes it too.
-        let never = self.unreachable_peers(now).len() as i64;
+    /// The liveness table's counters.
+    pub fn table_stats(&self) -> TableStats {
         let table = lock(&self.table);
-        let mut peers: BTreeMap<&'static str, i64> = BTreeMap::new();
-        for p in table.peers(now) {
-            let s = pb::PeerState::try_from(p.state)
-                .map(|s| s.as_str_name())
-                .unwrap_or("PEER_STATE_UNSPECIFIED");
-            *peers
-                .entry(s.trim_start_matches("PEER_STATE_"))
-                .or_default() += 1;
-        }
-        let mut links: BTreeMap<&'static str, i64> = BTreeMap::new();
-        for l in lock(&self.links).values() {
-            let s = if now.saturating_duration_since(l.last_rx) > self.cfg.expiry / 2 {
-                "UNREACHABLE"
-            } else {
-                "CONNECTED"
-            };
-            *links.entry(s).or_default() += 1;
-        }
-        if never > 0 {
-            *links.entry("UNREACHABLE").or_default() += never;
-        }
-        MeshCounters {
-            peers,
-            links,
-            drops: table
-                .drops()
-                .iter()
-                .map(|(r, n)| (r.as_str(), *n))
-                .collect(),
-            beats: table.beats_accepted(),
+        TableStats {
+            drops: table.drops().clone(),
+            beats_accepted: table.beats_accepted(),
             duplicate_node_key: table.duplicate_key_seen(),
+            duplicate_instance: table.duplicate_instance(),
         }
+    }
+
+    /// The runtimes this one chose to dial ([`super::fanout`]).
+    pub fn chosen(&self) -> Vec<String> {
+        lock(&self.chosen).iter().cloned().collect()
+    }
+
+    /// The settings this mesh runs with.
+    pub fn config(&self) -> &MeshConfig {
+        &self.cfg
     }
 }
 
-/// One runtime as JSON, as `/api/v1/mesh/state`, the dashboard and the
-/// `peers`/`watch` commands (see `cli::client`) show it.
-pub fn peer_json(p: &pb::Peer) -> serde_json::Value {
-    serde_json::json!({
-        "node": p.node, "instance": p.instance, "restarts": p.restarts,
-        "address": p.address,
-        "state": peer_state_name(p.state),
-        "link": link_name(p.link),
-        "beat": p.beat, "beat_age_ms": p.beat_age_ms, "labels": p.labels,
-    })
+/// A link up now, as the admin endpoints show it.
+#[derive(Debug, Clone)]
+pub struct LinkStatus {
+    pub node: String,
+    pub address: String,
+    pub outbound: bool,
+    /// Since the last frame from the other end.
+    pub quiet: Duration,
 }
 
-/// A peer state's name without its prefix (`ALIVE`), `?` if unknown.
-pub fn peer_state_name(state: i32) -> &'static str {
-    pb::PeerState::try_from(state)
-        .map(|s| s.as_str_name().trim_start_matches("PEER_STATE_"))
-        .unwrap_or("?")
-}
-
-/// A link kind's name without its prefix (`DIRECT`), `?` if unknown.
-pub fn link_name(link: i32) -> &'static str {
-    pb::Link::try_from(link)
-        .map(|s| s.as_str_name().trim_start_matches("LINK_"))
-        .unwrap_or("?")
-}
-
-/// Mesh figures for the metrics.
-pub struct MeshCounters {
-    pub peers: BTreeMap<&'static str, i64>,
-    pub links: BTreeMap<&'static str, i64>,
-    pub drops: BTreeMap<&'static str, u64>,
-    pub beats: u64,
+/// The liveness table's counters, for the metrics and the admin endpoints.
+#[derive(Debug, Clone, Default)]
+pub struct TableStats {
+    /// Marks, frames and hellos refused, by reason.
+    pub drops: BTreeMap<Refusal, u64>,
+    pub beats_accepted: u64,
     /// Another live process runs with our node key.
     pub duplicate_node_key: bool,
+    /// The instance of that other process, when known.
+    pub duplicate_instance: Option<u64>,
 }
 
 impl crate::liveness::MeshView for Mesh {

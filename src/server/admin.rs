@@ -90,13 +90,14 @@ async fn mesh_state(
     if s.auth.check(&md).is_err() {
         return Error::Unauthenticated.http_response("unauthenticated\n");
     }
-    axum::Json(s.mesh.state_json()).into_response()
+    axum::Json(super::mesh_state::state_json(&s.mesh)).into_response()
 }
 
 /// Prometheus text format 0.0.4 by default; OpenMetrics when the `Accept`
 /// header asks for it (as Prometheus does).
 async fn metrics(State(s): State<AdminState>, headers: axum::http::HeaderMap) -> impl IntoResponse {
-    s.metrics.sync_mesh(&s.mesh.counters());
+    s.metrics
+        .sync_mesh(&super::metrics::MeshCounters::of(&s.mesh));
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())

@@ -40,11 +40,11 @@ use tokio::sync::{broadcast, mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::admin::AdminState;
+use super::mesh_state::peer_json;
 use super::metrics::{Metrics, OutcomeLabels};
 use super::runs::RunFeed;
 use crate::claim::host_now_ms;
 use crate::error::Error;
-use crate::mesh::node::peer_json;
 use crate::proto as pb;
 use crate::store::DynStore;
 

@@ -1,7 +1,9 @@
 //! Prometheus metrics, in one registry per sidecar (no global state, so
 //! several in-process servers in tests do not mix their figures).
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -10,6 +12,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use super::mesh_state::link_state;
+use crate::mesh::Mesh;
+use crate::proto as pb;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -186,6 +192,51 @@ pub fn openmetrics_to_text(om: &str) -> String {
     out
 }
 
+/// Mesh figures for the metrics.
+pub struct MeshCounters {
+    pub peers: BTreeMap<&'static str, i64>,
+    pub links: BTreeMap<&'static str, i64>,
+    pub drops: BTreeMap<&'static str, u64>,
+    pub beats: u64,
+    /// Another live process runs with our node key.
+    pub duplicate_node_key: bool,
+}
+
+impl MeshCounters {
+    /// The mesh's figures now: runtimes by state, links by state (with the
+    /// configured addresses that never answered counted `UNREACHABLE`),
+    /// refusals by reason, beats accepted.
+    pub fn of(mesh: &Mesh) -> MeshCounters {
+        let now = Instant::now();
+        let never = mesh.unreachable_peers(now).len() as i64;
+        let mut peers: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for p in mesh.table_peers(now) {
+            let s = pb::PeerState::try_from(p.state)
+                .map(|s| s.as_str_name())
+                .unwrap_or("PEER_STATE_UNSPECIFIED");
+            *peers
+                .entry(s.trim_start_matches("PEER_STATE_"))
+                .or_default() += 1;
+        }
+        let expiry = mesh.config().expiry;
+        let mut links: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for l in mesh.link_status(now) {
+            *links.entry(link_state(&l, expiry)).or_default() += 1;
+        }
+        if never > 0 {
+            *links.entry("UNREACHABLE").or_default() += never;
+        }
+        let stats = mesh.table_stats();
+        MeshCounters {
+            peers,
+            links,
+            drops: stats.drops.iter().map(|(r, n)| (r.as_str(), *n)).collect(),
+            beats: stats.beats_accepted,
+            duplicate_node_key: stats.duplicate_node_key,
+        }
+    }
+}
+
 impl Metrics {
     /// The Prometheus text exposition, format 0.0.4.
     pub fn render_text(&self) -> String {
@@ -202,7 +253,7 @@ impl Metrics {
     }
 
     /// Brings the mesh figures up to date (called at scrape time).
-    pub fn sync_mesh(&self, c: &crate::mesh::node::MeshCounters) {
+    pub fn sync_mesh(&self, c: &MeshCounters) {
         for state in ["ALIVE", "UNREACHABLE", "EXPIRED", "LEFT"] {
             let n = c.peers.get(state).copied().unwrap_or(0);
             self.peers.get_or_create(&StateLabels { state }).set(n);

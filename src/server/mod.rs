@@ -16,6 +16,7 @@ pub mod convert;
 pub mod dashboard;
 pub mod grpc_errors;
 pub mod mesh;
+pub mod mesh_state;
 pub mod metrics;
 pub mod runs;
 pub mod tls;
