@@ -5,7 +5,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -13,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::dial::Redial;
 use super::fanout;
 use super::marks::verify_hello;
-use super::node::{lock, Mesh};
+use super::node::{clock_now, lock, Mesh};
 use crate::error::{dial_refusal, DialRefusal};
 use crate::proto as pb;
 
@@ -77,7 +76,7 @@ impl Mesh {
     /// but not live now (restored from disk, or beyond a partition), so a
     /// split mesh and a restarted one find each other again.
     fn choose_links(&self, epoch: u64) {
-        let now = Instant::now();
+        let now = clock_now();
         let horizon = self.cfg.expiry * 10;
         let (live, recent) = {
             let table = lock(&self.table);
@@ -149,7 +148,7 @@ impl Mesh {
             if !self.desired_addresses().contains(&addr) {
                 break;
             }
-            let started = Instant::now();
+            let started = clock_now();
             if self.should_dial(&addr) {
                 match self.clone().dial_once(&addr).await {
                     Ok(()) => {}
@@ -162,7 +161,7 @@ impl Mesh {
                         self.note_unreachable(&addr, &e);
                     }
                 }
-                if started.elapsed() >= self.cfg.expiry {
+                if clock_now().saturating_duration_since(started) >= self.cfg.expiry {
                     redial.reset();
                 }
                 tokio::time::sleep(redial.next_delay()).await;
@@ -180,7 +179,7 @@ impl Mesh {
         let node = {
             let table = lock(&self.table);
             table
-                .addresses(Instant::now())
+                .addresses(clock_now())
                 .into_iter()
                 .find(|(_, a, _)| a == addr)
                 .map(|(n, _, _)| n)
@@ -188,7 +187,7 @@ impl Mesh {
         let Some(node) = node else { return true };
         if let Some(l) = self.link_with(&node) {
             // Already linked with that runtime: nothing to do.
-            let quiet = Instant::now().saturating_duration_since(l.last_rx);
+            let quiet = clock_now().saturating_duration_since(l.last_rx);
             if quiet <= self.cfg.heartbeat * 3 {
                 return false;
             }

@@ -15,7 +15,7 @@ use tonic::{Status, Streaming};
 use super::fanout;
 use super::gossip::{GossipConfig, Outbox};
 use super::marks::{sign_hello, verify_hello, Refusal};
-use super::node::{lock, Mesh};
+use super::node::{clock_now, lock, Mesh};
 use crate::error::{is_frame_too_large, MeshError};
 use crate::proto as pb;
 
@@ -61,7 +61,7 @@ impl Mesh {
         theirs: &str,
         verified: bool,
     ) {
-        let now = Instant::now();
+        let now = clock_now();
         let first = {
             let mut refused = lock(&self.refused);
             // Bounded: only recent refusals are kept (and at most max_runtimes).
@@ -228,7 +228,7 @@ impl Mesh {
         S: tokio_stream::Stream<Item = Result<pb::SyncFrame, Status>> + Unpin + Send,
     {
         let id = self.next_link.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
+        let now = clock_now();
         lock(&self.links).insert(
             id,
             LinkInfo {
@@ -284,7 +284,7 @@ impl Mesh {
                 }
                 msg = inbound.next() => match msg {
                     Some(Ok(frame)) => {
-                        last_rx = Instant::now();
+                        last_rx = clock_now();
                         if let Some(l) = lock(&self.links).get_mut(&id) {
                             l.last_rx = last_rx;
                         }
@@ -315,7 +315,7 @@ impl Mesh {
         }
         lock(&self.links).remove(&id);
         if !self.stopped() {
-            lock(&self.links_lost).insert(remote.node.clone(), Instant::now());
+            lock(&self.links_lost).insert(remote.node.clone(), clock_now());
         }
         tracing::debug!(peer = %remote.node, "link down");
     }
@@ -325,7 +325,7 @@ impl Mesh {
     fn send_frame(&self, tx: &mpsc::Sender<pb::SyncFrame>, outbox: &mut Outbox) -> bool {
         let links = lock(&self.links).len().max(1);
         let budget = (RELAY_MARKS_PER_HEARTBEAT / links).max(MIN_RELAY_BUDGET);
-        let marks = outbox.frame(&lock(&self.table), Instant::now(), budget);
+        let marks = outbox.frame(&lock(&self.table), clock_now(), budget);
         if marks.is_empty() {
             return !tx.is_closed();
         }

@@ -119,6 +119,13 @@ pub struct Mesh {
     pub(super) refused: Mutex<HashMap<String, RefusedLink>>,
 }
 
+/// The time now on tokio's clock: the system's monotonic clock, except
+/// under a paused tokio clock (`start_paused` tests), where the beats, the
+/// links and the table then all read the same paused time.
+pub(super) fn clock_now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave the table half-updated in
     // a way that matters more than stopping the mesh would; keep serving.
@@ -147,13 +154,13 @@ impl Mesh {
         )
         .with_forget(cfg.forget)
         .with_min_gain(cfg.heartbeat / 2);
-        let started = Instant::now();
+        let started = clock_now();
         for m in persist::load(&cfg.data_dir) {
             table.restore(m, started);
         }
         table.set_own(
             sign_mark(&id, 1, false, &cfg.advertise, &cfg.labels),
-            Instant::now(),
+            clock_now(),
         );
         let (events, _) = broadcast::channel(1024);
         let (frames_due, _) = watch::channel(0u64);
@@ -217,10 +224,10 @@ impl Mesh {
             tokio::select! {
                 biased;
                 _ = stop.changed() => return,
-                _ = beats.tick() => self.raise_beat(false, Instant::now()),
+                _ = beats.tick() => self.raise_beat(false, clock_now()),
                 _ = ticks.tick() => {}
             }
-            let now = Instant::now();
+            let now = clock_now();
             let changes = lock(&self.table).tick(now);
             self.publish(changes, now);
         }
@@ -287,7 +294,7 @@ impl Mesh {
 
     /// Announces a graceful leave: a signed LEFT mark, pushed on every link.
     pub async fn leave(&self) {
-        self.raise_beat(true, Instant::now());
+        self.raise_beat(true, clock_now());
         // Give the links a moment to put the frame on the wire.
         tokio::time::sleep(Duration::from_millis(50).min(self.cfg.heartbeat)).await;
     }
@@ -324,7 +331,7 @@ impl Mesh {
     }
 
     pub fn list(&self) -> pb::ListPeersResponse {
-        let now = Instant::now();
+        let now = clock_now();
         let (mut peers, duplicate_node_key, duplicate_instance) = {
             let table = lock(&self.table);
             (
@@ -449,11 +456,11 @@ pub struct TableStats {
 
 impl crate::liveness::MeshView for Mesh {
     fn dead_holders(&self) -> DeadHolders {
-        lock(&self.table).dead_holders(Instant::now())
+        lock(&self.table).dead_holders(clock_now())
     }
 
     fn dead_split(&self) -> (DeadHolders, Vec<Holder>) {
-        lock(&self.table).dead_split(Instant::now())
+        lock(&self.table).dead_split(clock_now())
     }
 
     /// Runtimes not alive, with a beat more than 1.5 heartbeats old, or
@@ -461,7 +468,7 @@ impl crate::liveness::MeshView for Mesh {
     /// sockets close at once: its record is watched from that moment, so a
     /// takeover lands about one expiry after the kill).
     fn suspects(&self) -> Vec<Holder> {
-        let now = Instant::now();
+        let now = clock_now();
         let late = self.cfg.heartbeat * 3 / 2;
         // One lock at a time: links, then the table.
         let linked: HashSet<String> = lock(&self.links).values().map(|l| l.node.clone()).collect();

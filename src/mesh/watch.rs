@@ -2,14 +2,13 @@
 //! watcher; a watcher that falls behind gets RESOURCE_EXHAUSTED.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use futures::StreamExt;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::node::{lock, Mesh};
+use super::node::{clock_now, lock, Mesh};
 use crate::error::MeshError;
 use crate::proto as pb;
 
@@ -45,7 +44,7 @@ impl Mesh {
     ) {
         let mut rx = self.events.subscribe();
         let overflow = Arc::new(Mutex::new(None::<Status>));
-        let now = Instant::now();
+        let now = clock_now();
         // WatchPeers' snapshot starts with this runtime itself, so a lone
         // sidecar's watcher sees something at once.
         let own = snapshot_events.then(|| self.self_peer(now));
