@@ -67,6 +67,19 @@ mod tests {
         }
     }
 
+    /// The jitter spreads the delays over their range: dialers that failed
+    /// together do not redial in step.
+    #[test]
+    fn jitter_spreads_the_first_delay_over_a_heartbeat() {
+        let firsts: Vec<Duration> = (0..64)
+            .map(|_| Redial::new(HB, EXPIRY).next_delay())
+            .collect();
+        let low = firsts.iter().min().copied().unwrap_or_default();
+        let high = firsts.iter().max().copied().unwrap_or_default();
+        assert!(low >= HB && high <= HB * 2, "{low:?}..{high:?}");
+        assert!(high - low > HB / 4, "no spread: {low:?}..{high:?}");
+    }
+
     /// Under paused time, a dialer that fails 6 times in a row waits the sum
     /// of its delays — between the sums of the lower and upper bounds.
     #[tokio::test(start_paused = true)]

@@ -428,3 +428,361 @@ impl Mesh {
         self.publish(changes, now);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The link logic under tokio's paused clock: `run_link` over in-memory
+    //! channels, the beats raised by hand (no beat, dial or persist task).
+
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::sync::{mpsc, watch};
+    use tokio::task::JoinHandle;
+    use tokio::time::Instant as TokioInstant;
+    use tokio_stream::wrappers::ReceiverStream;
+    use tonic::Status;
+
+    use super::{MIN_RELAY_BUDGET, RELAY_MARKS_PER_HEARTBEAT};
+    use crate::mesh::identity::Identity;
+    use crate::mesh::marks::{sign_hello, sign_mark};
+    use crate::mesh::node::{clock_now, lock, Mesh, MeshConfig};
+    use crate::proto as pb;
+
+    const HB: Duration = Duration::from_millis(100);
+    const EXPIRY: Duration = Duration::from_millis(1000);
+
+    struct Fixture {
+        mesh: Arc<Mesh>,
+        _stop: watch::Sender<bool>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn mesh() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = MeshConfig {
+            heartbeat: HB,
+            expiry: EXPIRY,
+            advertise: "127.0.0.1:1".into(),
+            labels: BTreeMap::new(),
+            secret: None,
+            data_dir: dir.path().to_path_buf(),
+            peers: Vec::new(),
+            peer_dns: Vec::new(),
+            max_runtimes: 1024,
+            max_frame_bytes: 4 << 20,
+            watch_buffer: 64,
+            max_links_per_peer: 2,
+            max_links: 8,
+            forget: Duration::from_secs(600),
+            tls: None,
+            bind_ip: None,
+            store_identity: String::new(),
+        };
+        let (stop_tx, stop) = watch::channel(false);
+        let (runs_changed, _) = watch::channel(0u64);
+        let mesh = Arc::new(Mesh::new(
+            Arc::new(Identity::ephemeral(1)),
+            cfg,
+            stop,
+            runs_changed,
+        ));
+        Fixture {
+            mesh,
+            _stop: stop_tx,
+            _dir: dir,
+        }
+    }
+
+    /// The other end of a link: what it sends us, what we send it.
+    struct Wire {
+        node: String,
+        to_us: mpsc::Sender<Result<pb::SyncFrame, Status>>,
+        from_us: mpsc::Receiver<pb::SyncFrame>,
+        task: JoinHandle<()>,
+    }
+
+    impl Wire {
+        /// The marks of every frame sent to the other end so far.
+        fn sent(&mut self) -> Vec<Vec<pb::Mark>> {
+            let mut out = Vec::new();
+            while let Ok(f) = self.from_us.try_recv() {
+                if let Some(pb::sync_frame::Frame::Marks(m)) = f.frame {
+                    out.push(m.marks);
+                }
+            }
+            out
+        }
+
+        async fn send(&self, marks: Vec<pb::Mark>) {
+            let frame = pb::SyncFrame {
+                frame: Some(pb::sync_frame::Frame::Marks(pb::Marks { marks })),
+            };
+            self.to_us.send(Ok(frame)).await.unwrap();
+        }
+    }
+
+    /// A link with a runtime of this hello, run as a task.
+    fn link_with(mesh: &Arc<Mesh>, hello: pb::Hello, outbound: bool, referral: bool) -> Wire {
+        let (to_us, inbound) = mpsc::channel(64);
+        let (tx, from_us) = mpsc::channel(64);
+        let node = hello.node.clone();
+        let address = hello.address.clone();
+        let task = tokio::spawn(mesh.clone().run_link(
+            hello,
+            address,
+            outbound,
+            referral,
+            ReceiverStream::new(inbound),
+            tx,
+        ));
+        Wire {
+            node,
+            to_us,
+            from_us,
+            task,
+        }
+    }
+
+    fn link(mesh: &Arc<Mesh>, outbound: bool, referral: bool) -> (Identity, Wire) {
+        let id = Identity::ephemeral(1);
+        let hello = sign_hello(&id, "127.0.0.1:2", None);
+        let wire = link_with(mesh, hello, outbound, referral);
+        (id, wire)
+    }
+
+    /// Lets the spawned links run (no time passes).
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn beat(mesh: &Mesh) {
+        mesh.raise_beat(false, clock_now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_link_that_hears_nothing_for_one_expiry_ends_and_is_remembered_as_lost() {
+        let f = mesh();
+        let start = TokioInstant::now();
+        let (_, wire) = link(&f.mesh, false, false);
+        settle().await;
+        assert_eq!(f.mesh.link_count(), 1);
+        tokio::time::sleep(EXPIRY - Duration::from_millis(10)).await;
+        assert!(!wire.task.is_finished(), "up until the expiry");
+        assert_eq!(f.mesh.link_count(), 1);
+        wire.task.await.unwrap();
+        let lasted = start.elapsed();
+        assert!(
+            lasted >= EXPIRY && lasted < EXPIRY + Duration::from_millis(50),
+            "{lasted:?}"
+        );
+        assert_eq!(f.mesh.link_count(), 0);
+        assert!(
+            lock(&f.mesh.links_lost).contains_key(&wire.node),
+            "a broken link makes its runtime a suspect"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_frame_received_restarts_the_expiry_and_its_marks_reach_the_table() {
+        let f = mesh();
+        let start = TokioInstant::now();
+        let (id, wire) = link(&f.mesh, false, false);
+        settle().await;
+        let addr = "127.0.0.1:7";
+        for b in 1..=3 {
+            tokio::time::sleep(EXPIRY * 3 / 4).await;
+            wire.send(vec![sign_mark(&id, b, false, addr, &BTreeMap::new())])
+                .await;
+            settle().await;
+        }
+        let peer = f
+            .mesh
+            .table_peers(clock_now())
+            .into_iter()
+            .find(|p| p.node == id.node)
+            .expect("the runtime at the other end is known");
+        assert_eq!(peer.beat, 3);
+        assert_eq!(peer.state, pb::PeerState::Alive as i32);
+        assert_eq!(peer.link, pb::Link::Direct as i32);
+        // Last frame at 2.25 expiries: the link holds until 3.25.
+        tokio::time::sleep(EXPIRY * 3 / 4).await;
+        assert!(!wire.task.is_finished(), "still up at 3 expiries");
+        wire.task.await.unwrap();
+        let lasted = start.elapsed();
+        let expected = EXPIRY * 9 / 4 + EXPIRY;
+        assert!(
+            lasted >= expected && lasted < expected + Duration::from_millis(50),
+            "{lasted:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_frame_per_beat_each_with_our_own_newest_mark() {
+        let f = mesh();
+        let (_, mut wire) = link(&f.mesh, true, false);
+        settle().await;
+        let me = f.mesh.node().to_owned();
+        let first = wire.sent();
+        assert_eq!(first.len(), 1, "one frame as the link comes up");
+        assert_eq!(first[0].len(), 1, "{:?}", first[0]);
+        assert_eq!(
+            (first[0][0].node.as_str(), first[0][0].beat),
+            (me.as_str(), 1)
+        );
+        // No beat, no frame, however long.
+        tokio::time::sleep(HB * 5).await;
+        assert!(wire.sent().is_empty());
+        for b in 2..=6u64 {
+            beat(&f.mesh);
+            settle().await;
+            let frames = wire.sent();
+            assert_eq!(frames.len(), 1, "beat {b}: {frames:?}");
+            let own: Vec<_> = frames[0].iter().filter(|m| m.node == me).collect();
+            assert_eq!(own.len(), 1);
+            assert_eq!(own[0].beat, b);
+            assert!(
+                !own[0].public_key.is_empty(),
+                "our mark carries our identity"
+            );
+            tokio::time::sleep(HB).await;
+            wire.send(Vec::new()).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_referral_closes_after_its_third_beat_an_ordinary_inbound_link_stays() {
+        let f = mesh();
+        let (_, referral) = link(&f.mesh, false, true);
+        let (_, kept) = link(&f.mesh, false, false);
+        settle().await;
+        assert_eq!(f.mesh.link_count(), 2);
+        for _ in 0..2 {
+            beat(&f.mesh);
+            settle().await;
+        }
+        assert!(!referral.task.is_finished(), "two beats: it got our view");
+        beat(&f.mesh);
+        settle().await;
+        assert!(referral.task.is_finished(), "closed at the third beat");
+        for _ in 0..5 {
+            beat(&f.mesh);
+            settle().await;
+        }
+        assert!(!kept.task.is_finished());
+        assert_eq!(f.mesh.link_count(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outbound_link_nobody_chose_closes_only_once_a_chosen_link_is_up() {
+        let f = mesh();
+        let (_, seed) = link(&f.mesh, true, false);
+        let chosen = Identity::ephemeral(1);
+        *lock(&f.mesh.chosen) = [chosen.node.clone()].into();
+        settle().await;
+        // The chosen runtime is not linked: the seed link is all we have.
+        for _ in 0..5 {
+            beat(&f.mesh);
+            settle().await;
+        }
+        assert!(!seed.task.is_finished(), "kept while no chosen link is up");
+        let hello = sign_hello(&chosen, "127.0.0.1:3", None);
+        let wanted = link_with(&f.mesh, hello, true, false);
+        settle().await;
+        for _ in 0..2 {
+            beat(&f.mesh);
+            settle().await;
+        }
+        assert!(!seed.task.is_finished(), "the other end gets two beats");
+        beat(&f.mesh);
+        settle().await;
+        assert!(seed.task.is_finished(), "surplus: closed");
+        for _ in 0..5 {
+            beat(&f.mesh);
+            settle().await;
+        }
+        assert!(!wanted.task.is_finished(), "a chosen link stays");
+    }
+
+    /// A beat of every runtime the feeder knows, `beat` each.
+    fn marks(ids: &[Identity], beat: u64) -> Vec<pb::Mark> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| sign_mark(id, beat, false, &format!("10.0.0.{i}:1"), &BTreeMap::new()))
+            .collect()
+    }
+
+    /// How many marks of others the next beat's frame relays on `wire`,
+    /// when `others` runtimes all beat again since its last frame.
+    async fn relayed_at_next_beat(
+        f: &Fixture,
+        feeder: &Wire,
+        wire: &mut Wire,
+        others: &[Identity],
+        beat_no: u64,
+    ) -> usize {
+        wire.sent();
+        // The other end's copies grow older than `relay_after` (a quarter
+        // expiry): the new beats are due, within the budget.
+        tokio::time::sleep(EXPIRY / 4 + HB).await;
+        feeder.send(marks(others, beat_no)).await;
+        wire.send(Vec::new()).await;
+        settle().await;
+        beat(&f.mesh);
+        settle().await;
+        let frames = wire.sent();
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        let me = f.mesh.node();
+        frames[0].iter().filter(|m| m.node != me).count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_link_relays_its_share_of_the_relay_budget_and_at_least_the_minimum() {
+        let f = mesh();
+        let others: Vec<Identity> = (0..100).map(|_| Identity::ephemeral(1)).collect();
+        let (_, feeder) = link(&f.mesh, false, false);
+        feeder.send(marks(&others, 1)).await;
+        settle().await;
+        let known = f.mesh.table_peers(clock_now());
+        assert_eq!(
+            others
+                .iter()
+                .filter(|o| known.iter().any(|p| p.node == o.node))
+                .count(),
+            100
+        );
+        let (_, mut wire) = link(&f.mesh, false, false);
+        settle().await;
+        let first = wire.sent();
+        assert_eq!(first.len(), 1);
+        assert!(first[0].len() >= 101, "the first frame is not capped");
+
+        // Two links: a budget of 512, more than the 100 due.
+        assert_eq!(
+            relayed_at_next_beat(&f, &feeder, &mut wire, &others, 2).await,
+            100
+        );
+
+        // 40 links: 1024 / 40 = 25 each, raised to the minimum of 32.
+        let mut idle: Vec<_> = (0..38).map(|_| link(&f.mesh, false, false).1).collect();
+        settle().await;
+        assert_eq!(f.mesh.link_count(), 40);
+        assert_eq!(
+            relayed_at_next_beat(&f, &feeder, &mut wire, &others, 3).await,
+            (RELAY_MARKS_PER_HEARTBEAT / 40).max(MIN_RELAY_BUDGET)
+        );
+        assert_eq!(MIN_RELAY_BUDGET, 32);
+
+        // 20 links: 1024 / 20 = 51 each.
+        idle.truncate(18);
+        settle().await;
+        assert_eq!(f.mesh.link_count(), 20);
+        assert_eq!(
+            relayed_at_next_beat(&f, &feeder, &mut wire, &others, 4).await,
+            51
+        );
+    }
+}

@@ -1,4 +1,8 @@
-//! The mesh runtime: the I/O around the pure [`PeerTable`].
+//! The mesh runtime: the I/O around the pure [`PeerTable`]. This file holds
+//! the core (the [`Mesh`] struct, start, the beat loop, events, views); the
+//! links are in [`super::links`], discovery and dialling in
+//! [`super::discovery`], `WatchPeers` in [`super::watch`], and the
+//! persistence loop in [`super::persist`].
 //!
 //! * a beat loop raises and signs this runtime's beat every heartbeat and
 //!   ticks the table (at a quarter heartbeat) to publish state changes;
@@ -144,6 +148,21 @@ impl Mesh {
         stop: watch::Receiver<bool>,
         runs_changed: watch::Sender<u64>,
     ) -> Arc<Mesh> {
+        let mesh = Arc::new(Mesh::new(id, cfg, stop, runs_changed));
+        tokio::spawn(mesh.clone().beat_loop());
+        tokio::spawn(mesh.clone().discovery_loop());
+        tokio::spawn(mesh.clone().persist_loop());
+        mesh
+    }
+
+    /// The mesh without its tasks: nothing beats, dials or persists until
+    /// [`Mesh::start`] spawns them (unit tests drive it by hand).
+    pub(super) fn new(
+        id: Arc<Identity>,
+        cfg: MeshConfig,
+        stop: watch::Receiver<bool>,
+        runs_changed: watch::Sender<u64>,
+    ) -> Mesh {
         let mut table = PeerTable::new(
             TableConfig {
                 expiry: cfg.expiry,
@@ -167,7 +186,7 @@ impl Mesh {
         let (nudges, _) = broadcast::channel(256);
         let mut self_addrs = HashSet::new();
         self_addrs.insert(cfg.advertise.clone());
-        let mesh = Arc::new(Mesh {
+        Mesh {
             id,
             cfg,
             table: Mutex::new(table),
@@ -188,11 +207,7 @@ impl Mesh {
             runs_changed,
             nudges,
             refused: Mutex::new(HashMap::new()),
-        });
-        tokio::spawn(mesh.clone().beat_loop());
-        tokio::spawn(mesh.clone().discovery_loop());
-        tokio::spawn(mesh.clone().persist_loop());
-        mesh
+        }
     }
 
     pub fn node(&self) -> &str {
@@ -236,7 +251,7 @@ impl Mesh {
     /// Raises and signs our beat, then makes every link send a frame at
     /// once: the newest beat leaves with age ≈ 0, so a peer's last view of us
     /// is never more than one heartbeat old (the lower detection bound).
-    fn raise_beat(&self, left: bool, now: Instant) {
+    pub(super) fn raise_beat(&self, left: bool, now: Instant) {
         // LEFT is final: once announced, every later mark says so too.
         let left = if left {
             self.left.store(true, Ordering::SeqCst);
