@@ -4,6 +4,7 @@
 
 pub mod brokers;
 pub mod contest;
+pub mod fake_peer;
 pub mod inproc;
 pub mod lab;
 pub mod liveness;
