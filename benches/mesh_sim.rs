@@ -138,6 +138,10 @@ fn simulate(n: usize, kills: usize, full: bool) {
         max_runtimes: 4096,
     };
     let gossip = GossipConfig::new(hb, expiry);
+    let relay_budget = std::env::var("MESH_SIM_BUDGET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(RELAY_MARKS_PER_HEARTBEAT);
     let mut nodes: Vec<Node> = (0..n).map(|i| new_node(i, cfg, full)).collect();
     let mut names: Vec<String> = nodes.iter().map(|x| x.id.node.clone()).collect();
     let mut adj = links(&nodes, full, 0);
@@ -158,8 +162,14 @@ fn simulate(n: usize, kills: usize, full: bool) {
     let mut expired_sightings = 0u64;
     let mut sightings = 0u64;
     let mut max_live_age = 0i64;
+    let mut marks_in = 0u64;
+    let mut marks_taken = 0u64;
 
-    let warmup = WARMUP_HB * HB_MS;
+    let warmup = std::env::var("MESH_SIM_WARMUP_HB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(WARMUP_HB)
+        * HB_MS;
     let per_kill = EXPIRY_MS + 3 * HB_MS;
     let total = warmup + kills as u64 * per_kill;
     let mut victim: Option<(usize, u64, Vec<usize>)> = None;
@@ -200,7 +210,7 @@ fn simulate(n: usize, kills: usize, full: bool) {
                 &Default::default(),
             );
             node.table.set_own(m, now);
-            let budget = (RELAY_MARKS_PER_HEARTBEAT / adj[i].len().max(1)).max(32);
+            let budget = (relay_budget / adj[i].len().max(1)).max(32);
             for &j in &adj[i] {
                 let marks = if full {
                     node.table.frame_marks(now)
@@ -243,7 +253,11 @@ fn simulate(n: usize, kills: usize, full: bool) {
                     .note_received(&marks.marks, now);
             }
             for m in &marks.marks {
-                let _ = node.table.ingest(m, Some(from_node), now);
+                let ok = node.table.ingest(m, Some(from_node), now).is_ok();
+                if measuring {
+                    marks_in += 1;
+                    marks_taken += u64::from(ok);
+                }
             }
             if measuring {
                 cpu += started.elapsed();
@@ -323,6 +337,12 @@ fn simulate(n: usize, kills: usize, full: bool) {
         now_ms += STEP_MS;
     }
     let secs = measured_ms as f64 / 1000.0;
+    eprintln!(
+        "n={n}: marks received {:.0}/s per runtime, taken {:.0}/s ({:.0}% wasted)",
+        marks_in as f64 / n as f64 / secs,
+        marks_taken as f64 / n as f64 / secs,
+        100.0 * (1.0 - marks_taken as f64 / marks_in.max(1) as f64)
+    );
     let (wall, proc_cpu) = window.map_or((Duration::ZERO, Duration::ZERO), |(w, c)| {
         (w.elapsed(), process_cpu().saturating_sub(c))
     });

@@ -51,6 +51,10 @@ pub struct GossipConfig {
     pub relay_after: Duration,
     /// Identities are sent again this often on every link.
     pub identity_refresh: Duration,
+    /// A relayed beat goes only if it is at least this much fresher than
+    /// the other end's copy: the other end drops a smaller gain unchecked
+    /// (the table's `min_gain`), so sending it would waste the budget.
+    pub min_gain: Duration,
 }
 
 impl GossipConfig {
@@ -64,6 +68,7 @@ impl GossipConfig {
             expiry,
             relay_after: (expiry / 4).max(heartbeat),
             identity_refresh: heartbeat * 60,
+            min_gain: heartbeat / 2,
         }
     }
 }
@@ -230,7 +235,15 @@ impl Outbox {
                     let stale = h
                         .seen_at
                         .map_or(Duration::MAX, |s| now.saturating_duration_since(s));
-                    if first || stale >= self.cfg.relay_after {
+                    // Our copy must be worth it: the other end's is at
+                    // least as fresh as we know, and takes only a gain of
+                    // `min_gain` or more.
+                    let gain = match (k.seen_at, h.seen_at) {
+                        (Some(ours), Some(theirs)) => ours >= theirs + self.cfg.min_gain,
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    };
+                    if gain && (first || stale >= self.cfg.relay_after) {
                         due.push((false, stale, &k.mark.node));
                     }
                 }
@@ -458,7 +471,7 @@ mod tests {
             ta.ingest(
                 &sign_mark(o, 2, false, "x:1", &Default::default()),
                 Some(&o.node),
-                t0 + ms(100 * i as u64),
+                t0 + ms(500 + 100 * i as u64),
             )
             .unwrap();
         }
@@ -471,5 +484,59 @@ mod tests {
         let f = out.frame(&ta, at, 0);
         assert_eq!(f.len(), 1);
         assert!(f[0].left);
+    }
+
+    #[test]
+    fn a_beat_the_other_end_would_drop_as_no_fresher_is_not_sent() {
+        let [a, b, c] = three();
+        let t0 = Instant::now();
+        let mut ta = table(&a);
+        let mut tb = table(&b).with_min_gain(HB / 2);
+        ta.ingest(
+            &sign_mark(&c, 1, false, "c:1", &Default::default()),
+            Some(&c.node),
+            t0,
+        )
+        .unwrap();
+        let mut out = Outbox::new(&b.node, GossipConfig::new(HB, EXPIRY), t0);
+        for m in out.frame(&ta, t0, 8) {
+            let _ = tb.ingest(&m, Some(&a.node), t0);
+        }
+        // C's next beat rose only 400 ms after the copy B holds: B would drop
+        // it unchecked (min_gain 500 ms), so it does not go, stale or not.
+        ta.ingest(
+            &sign_mark(&c, 2, false, "c:1", &Default::default()),
+            Some(&c.node),
+            t0 + ms(400),
+        )
+        .unwrap();
+        let late = t0 + ms(3000);
+        assert!(
+            out.frame(&ta, late, 8).iter().all(|m| m.node != c.node),
+            "a gain under min_gain went"
+        );
+        // What it would have met: B drops it as not newer.
+        let mut m = sign_mark(&c, 2, false, "c:1", &Default::default());
+        m.age_ms = 2600;
+        assert_eq!(
+            tb.ingest(&m, Some(&a.node), late),
+            Err(crate::mesh::marks::Refusal::NotNewer)
+        );
+        // A beat 600 ms fresher than B's copy goes.
+        ta.ingest(
+            &sign_mark(&c, 3, false, "c:1", &Default::default()),
+            Some(&c.node),
+            t0 + ms(600),
+        )
+        .unwrap();
+        let f = out.frame(&ta, late, 8);
+        let sent: Vec<_> = f.iter().filter(|m| m.node == c.node).collect();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].beat, 3);
+        assert_eq!(
+            tb.ingest(sent[0], Some(&a.node), late),
+            Ok(None),
+            "a gain of min_gain or more is taken"
+        );
     }
 }

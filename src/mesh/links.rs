@@ -393,7 +393,7 @@ impl Mesh {
             }
         };
         let mut changes = Vec::new();
-        {
+        let evicted = {
             let mut table = lock(&self.table);
             if marks.len() > self.cfg.max_runtimes + 1 {
                 table.count_refusal(Refusal::TooManyRuntimes);
@@ -424,7 +424,9 @@ impl Mesh {
                     Err(_) => {}
                 }
             }
-        }
+            table.take_evicted()
+        };
+        self.publish_evicted(evicted);
         self.publish(changes, now);
     }
 }

@@ -292,6 +292,23 @@ impl Mesh {
         }
     }
 
+    /// Deaths reported as their entries were evicted from a full view
+    /// (`PeerTable::take_evicted`): the entries are gone, so the events
+    /// carry the last view of them.
+    pub(super) fn publish_evicted(&self, evicted: Vec<(Change, pb::Peer)>) {
+        if evicted.is_empty() {
+            return;
+        }
+        self.wake_waiters();
+        for (change, peer) in evicted {
+            tracing::info!(peer = %peer.node, instance = peer.instance, change = ?change, "peer changed (evicted from a full view)");
+            let _ = self.events.send(pb::PeerEvent {
+                kind: change.kind() as i32,
+                peer: Some(peer),
+            });
+        }
+    }
+
     pub(super) fn wake_waiters(&self) {
         self.runs_changed.send_modify(|n| *n = n.wrapping_add(1));
     }

@@ -16,8 +16,9 @@
 //!   links send those once, see [`super::gossip`]); it takes them from the
 //!   known entry, or is dropped (`unknown_identity`) if there is none;
 //! * runtimes `LEFT` or `EXPIRED` for longer than the forget time are dropped
-//!   from the view; a full view evicts the longest-dead entry first and
-//!   refuses a newcomer only when every entry is live.
+//!   from the view; a full view evicts the longest-dead entry first (a
+//!   death not reported yet is reported as it goes) and refuses a newcomer
+//!   only when no entry is dead (`ALIVE` or `UNREACHABLE`: maybe alive).
 //!
 //! Forgetting is safe for claims: a forgotten holder is *unknown*, and an
 //! unknown holder is never dead here (the store lease decides, as for a
@@ -30,9 +31,10 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use super::marks::{verify_mark, Refusal};
+use super::marks::{verify_mark_keyed, Refusal};
 use crate::claim::{DeadHolders, Holder};
 use crate::proto as pb;
+use ed25519_dalek::VerifyingKey;
 
 /// A change worth telling watchers about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -76,6 +78,9 @@ struct Entry {
     relayed_rx: Option<Instant>,
     /// When its signed leave was taken in.
     left_at: Option<Instant>,
+    /// Its public key, decoded and proven to hash to the node, for the
+    /// next mark's check.
+    key: Option<VerifyingKey>,
 }
 
 impl Entry {
@@ -125,6 +130,8 @@ pub struct PeerTable {
     /// Marks about our own node from another instance: (instance, beat).
     foreign_self: Option<(u64, u64)>,
     duplicate_key: bool,
+    /// Deaths reported as their entries were evicted, for the watchers.
+    evicted: Vec<(Change, pb::Peer)>,
 }
 
 impl PeerTable {
@@ -141,6 +148,7 @@ impl PeerTable {
             beats: 0,
             foreign_self: None,
             duplicate_key: false,
+            evicted: Vec::new(),
         }
     }
 
@@ -246,9 +254,9 @@ impl PeerTable {
         if mark.node == self.self_node || self.peers.contains_key(&mark.node) {
             return;
         }
-        if verify_mark(&mark).is_err() {
+        let Ok(key) = verify_mark_keyed(&mark, None) else {
             return;
-        }
+        };
         self.peers.insert(
             mark.node.clone(),
             Entry {
@@ -260,6 +268,7 @@ impl PeerTable {
                 direct_rx: None,
                 relayed_rx: None,
                 left_at: None,
+                key: Some(key),
             },
         );
     }
@@ -334,9 +343,11 @@ impl PeerTable {
             Cow::Borrowed(mark)
         };
         let mark: &pb::Mark = &mark;
-        if let Err(r) = verify_mark(mark) {
-            return Err(self.drop_mark(r));
-        }
+        let known_key = self.peers.get(&mark.node).and_then(|e| e.key);
+        let key = match verify_mark_keyed(mark, known_key.as_ref()) {
+            Ok(k) => k,
+            Err(r) => return Err(self.drop_mark(r)),
+        };
         if mark.node == self.self_node {
             // Our own mark relayed back carries our instance and address; a
             // different instance, or our instance from another address (a
@@ -377,6 +388,7 @@ impl PeerTable {
                     direct_rx: direct.then_some(now),
                     relayed_rx: (!direct).then_some(now),
                     left_at: mark.left.then_some(now),
+                    key: Some(key),
                 };
                 e.reported = state_of(&e, now, expiry);
                 self.peers.insert(mark.node.clone(), e);
@@ -396,6 +408,7 @@ impl PeerTable {
                     e.seen_at = Some(e.seen_at.map_or(seen, |s| s.max(seen)));
                 }
                 e.mark = mark.clone();
+                e.key = Some(key);
                 if direct {
                     e.direct_rx = Some(now);
                 } else {
@@ -463,25 +476,41 @@ impl PeerTable {
     /// which is never dead here (the store lease decides).
     fn evict_one(&mut self, now: Instant) -> bool {
         let expiry = self.cfg.expiry;
+        // Only the dead: an `UNREACHABLE` runtime may be alive, and a
+        // watcher that last heard `ALIVE` or `UNREACHABLE` of it would
+        // otherwise never hear of it again. Claims are unaffected either way
+        // (an unknown holder is not dead here).
         let victim = self
             .peers
             .iter()
-            .filter_map(|(n, e)| match e.dead_since(now, expiry) {
-                Some(d) => Some((0u8, d, n)),
-                None if state_of(e, now, expiry) == pb::PeerState::Unreachable => {
-                    Some((1u8, e.seen_at.or(e.restored_at).unwrap_or(now), n))
-                }
-                None => None,
-            })
+            .filter_map(|(n, e)| e.dead_since(now, expiry).map(|d| (d, n)))
             .min()
-            .map(|(_, _, n)| n.clone());
-        match victim {
-            Some(n) => {
-                self.peers.remove(&n);
-                true
+            .map(|(_, n)| n.clone());
+        let Some(n) = victim else { return false };
+        // A death not reported yet (the tick has not run since) is reported
+        // now, before the entry goes: every watcher sees it end.
+        let lagging = self.peers.get(&n).and_then(|e| {
+            let st = state_of(e, now, expiry);
+            (st != e.reported).then_some(st)
+        });
+        if let Some(st) = lagging {
+            let change = if st == pb::PeerState::Left {
+                Change::Left
+            } else {
+                Change::Expired
+            };
+            if let Some(peer) = self.peer(&n, now) {
+                self.evicted.push((change, peer));
             }
-            None => false,
         }
+        self.peers.remove(&n);
+        true
+    }
+
+    /// The deaths reported only as their entries were evicted (see
+    /// `evict_one`), for the watchers; drained.
+    pub fn take_evicted(&mut self) -> Vec<(Change, pb::Peer)> {
+        std::mem::take(&mut self.evicted)
     }
 
     /// Every mark worth relaying, with ages as seen from here: our own, and
@@ -1156,6 +1185,68 @@ mod tests {
             t.ingest(&mark(&c, 1, 0), Some(&c.node), at),
             Err(Refusal::TooManyRuntimes)
         );
+    }
+
+    /// A full view evicts only the dead, and a death it had not reported yet
+    /// (no tick since) is reported as the entry goes: a watcher never keeps
+    /// an evicted runtime as `ALIVE` or `UNREACHABLE`.
+    #[test]
+    fn an_eviction_reports_a_death_not_yet_reported_and_spares_the_unreachable() {
+        let me = Identity::ephemeral(1);
+        let mut t = PeerTable::new(
+            TableConfig {
+                expiry: EXPIRY,
+                max_runtimes: 2,
+            },
+            &me.node,
+            1,
+        );
+        let t0 = Instant::now();
+        let (dead, unreachable) = (Identity::ephemeral(1), Identity::ephemeral(1));
+        t.ingest(&mark(&dead, 1, 0), Some(&dead.node), t0).unwrap();
+        t.ingest(
+            &mark(&unreachable, 1, 0),
+            Some(&unreachable.node),
+            t0 + ms(800),
+        )
+        .unwrap();
+        // At 1.6 s: `dead` expired 100 ms ago (never ticked: still reported
+        // `ALIVE`), `unreachable` is 800 ms old (past expiry / 2).
+        let at = t0 + ms(1600);
+        assert_eq!(
+            t.peer(&unreachable.node, at).unwrap().state,
+            pb::PeerState::Unreachable as i32
+        );
+        let a = Identity::ephemeral(1);
+        assert_eq!(
+            t.ingest(&mark(&a, 1, 0), Some(&a.node), at),
+            Ok(Some(Change::Joined))
+        );
+        assert!(t.peer(&dead.node, at).is_none());
+        let evicted = t.take_evicted();
+        assert_eq!(evicted.len(), 1, "{evicted:?}");
+        assert_eq!(evicted[0].0, Change::Expired);
+        assert_eq!(evicted[0].1.node, dead.node);
+        assert_eq!(evicted[0].1.state, pb::PeerState::Expired as i32);
+        assert!(t.take_evicted().is_empty(), "drained");
+        // The unreachable one may be alive: a newcomer waits instead.
+        let b = Identity::ephemeral(1);
+        assert_eq!(
+            t.ingest(&mark(&b, 1, 0), Some(&b.node), at),
+            Err(Refusal::TooManyRuntimes)
+        );
+        assert!(t.peer(&unreachable.node, at).is_some());
+        // Once it is dead it goes (its death already reported by a tick:
+        // nothing more to report).
+        let later = t0 + ms(2600);
+        let ticked = t.tick(later);
+        assert!(ticked.contains(&(unreachable.node.clone(), Change::Expired)));
+        assert_eq!(
+            t.ingest(&mark(&b, 1, 0), Some(&b.node), later),
+            Ok(Some(Change::Joined))
+        );
+        assert!(t.peer(&unreachable.node, later).is_none());
+        assert!(t.take_evicted().is_empty());
     }
 
     /// The forget time's safety argument, checked: forgotten only after the
