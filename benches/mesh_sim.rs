@@ -252,12 +252,10 @@ fn simulate(n: usize, kills: usize, full: bool) {
                     .or_insert_with(|| Outbox::new(from_node, gossip, now))
                     .note_received(&marks.marks, now);
             }
-            for m in &marks.marks {
-                let ok = node.table.ingest(m, Some(from_node), now).is_ok();
-                if measuring {
-                    marks_in += 1;
-                    marks_taken += u64::from(ok);
-                }
+            let outcomes = node.table.ingest_frame(&marks.marks, Some(from_node), now);
+            if measuring {
+                marks_in += outcomes.len() as u64;
+                marks_taken += outcomes.iter().filter(|o| o.is_ok()).count() as u64;
             }
             if measuring {
                 cpu += started.elapsed();

@@ -401,20 +401,20 @@ impl Mesh {
             }
             table.touch_direct(from, now);
             let refused = lock(&self.refused);
-            for m in &marks {
-                if Self::recently_refused(&refused, &m.node, now, self.cfg.expiry) {
-                    continue;
-                }
-                let twin_before = table.duplicate_key_seen();
-                let ingested = table.ingest(m, Some(from), now);
-                if !twin_before && table.duplicate_key_seen() {
-                    tracing::error!(
-                        node = %self.id.node, instance = self.id.instance,
-                        other_instance = m.instance, other_address = %m.address, via = %from,
-                        "another process is running with this node key (a shared data dir or a \
-                         copied node.key): its claims and ours look like one runtime; stop one of them"
-                    );
-                }
+            let marks: Vec<pb::Mark> = marks
+                .into_iter()
+                .filter(|m| !Self::recently_refused(&refused, &m.node, now, self.cfg.expiry))
+                .collect();
+            let twin_before = table.duplicate_key_seen();
+            let outcomes = table.ingest_frame(&marks, Some(from), now);
+            if !twin_before && table.duplicate_key_seen() {
+                tracing::error!(
+                    node = %self.id.node, instance = self.id.instance, via = %from,
+                    "another process is running with this node key (a shared data dir or a \
+                     copied node.key): its claims and ours look like one runtime; stop one of them"
+                );
+            }
+            for (m, ingested) in marks.iter().zip(outcomes) {
                 match ingested {
                     Ok(Some(c)) => changes.push((m.node.clone(), c)),
                     Ok(None) => {}

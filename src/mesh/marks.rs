@@ -139,6 +139,11 @@ pub fn sign_hello(id: &Identity, address: &str, secret: Option<&str>) -> pb::Hel
 fn key_for(node: &str, public_key: &[u8]) -> Result<VerifyingKey, Refusal> {
     let bytes: [u8; 32] = public_key.try_into().map_err(|_| Refusal::Malformed)?;
     let key = VerifyingKey::from_bytes(&bytes).map_err(|_| Refusal::Malformed)?;
+    // A small-order key could "sign" anything under a cofactored check (the
+    // batch): refused outright, as `verify_strict` would.
+    if key.is_weak() {
+        return Err(Refusal::Malformed);
+    }
     if node_id(&key) != node {
         return Err(Refusal::KeyMismatch);
     }
@@ -164,6 +169,24 @@ pub fn verify_mark_keyed(
     m: &pb::Mark,
     known: Option<&VerifyingKey>,
 ) -> Result<VerifyingKey, Refusal> {
+    let p = prepare_mark(m, known)?;
+    p.key
+        .verify_strict(&p.msg, &p.signature)
+        .map_err(|_| Refusal::BadSignature)?;
+    Ok(p.key)
+}
+
+/// A mark ready for its signature check: everything but the check done.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub key: VerifyingKey,
+    msg: Vec<u8>,
+    signature: Signature,
+}
+
+/// Checks sizes and the key (decoded, not weak, hashing to the node; or the
+/// `known` one if the mark carries it), and builds the signed bytes.
+pub fn prepare_mark(m: &pb::Mark, known: Option<&VerifyingKey>) -> Result<Prepared, Refusal> {
     if m.node.len() != 32
         || m.address.len() > MAX_ADDRESS_BYTES
         || m.labels.len() > MAX_LABELS
@@ -177,13 +200,38 @@ pub fn verify_mark_keyed(
         Some(k) if k.as_bytes().as_slice() == m.public_key.as_slice() => *k,
         _ => key_for(&m.node, &m.public_key)?,
     };
-    check(
-        &key,
-        &mark_bytes(&m.node, m.instance, m.beat, m.left),
-        &m.signature,
-        Refusal::BadSignature,
-    )?;
-    Ok(key)
+    let signature: [u8; 64] = m
+        .signature
+        .as_slice()
+        .try_into()
+        .map_err(|_| Refusal::Malformed)?;
+    Ok(Prepared {
+        key,
+        msg: mark_bytes(&m.node, m.instance, m.beat, m.left),
+        signature: Signature::from_bytes(&signature),
+    })
+}
+
+/// Checks many prepared marks' signatures: in one batch (Ed25519 batch
+/// verification: about half the CPU of checking each, for the tens of
+/// marks a relay frame brings), and each on its own (`verify_strict`) only
+/// if the batch fails, to tell which. Keys are never weak (see `key_for`),
+/// so the batch's cofactored equation accepts no signature a forger could
+/// make; it may accept a malleated form of a signature the key's owner
+/// made, which proves the same beat.
+pub fn verify_prepared(marks: &[Prepared]) -> Vec<bool> {
+    if marks.len() >= 2 {
+        let msgs: Vec<&[u8]> = marks.iter().map(|p| p.msg.as_slice()).collect();
+        let sigs: Vec<Signature> = marks.iter().map(|p| p.signature).collect();
+        let keys: Vec<VerifyingKey> = marks.iter().map(|p| p.key).collect();
+        if ed25519_dalek::verify_batch(&msgs, &sigs, &keys).is_ok() {
+            return vec![true; marks.len()];
+        }
+    }
+    marks
+        .iter()
+        .map(|p| p.key.verify_strict(&p.msg, &p.signature).is_ok())
+        .collect()
 }
 
 /// Checks a hello's proof of key and, if one is required, its mesh secret.

@@ -31,7 +31,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use super::marks::{verify_mark_keyed, Refusal};
+use super::marks::{prepare_mark, verify_mark_keyed, verify_prepared, Prepared, Refusal};
 use crate::claim::{DeadHolders, Holder};
 use crate::proto as pb;
 use ed25519_dalek::VerifyingKey;
@@ -285,6 +285,69 @@ impl PeerTable {
         from: Option<&str>,
         now: Instant,
     ) -> Result<Option<Change>, Refusal> {
+        let mark = self.admit(mark, from, now)?;
+        let known_key = self.peers.get(&mark.node).and_then(|e| e.key);
+        let key = match verify_mark_keyed(&mark, known_key.as_ref()) {
+            Ok(k) => k,
+            Err(r) => return Err(self.drop_mark(r)),
+        };
+        self.apply(&mark, key, from, now)
+    }
+
+    /// Takes in a frame's marks, with the outcome of each as
+    /// [`PeerTable::ingest`] would give it, but checks their signatures in
+    /// one batch ([`super::marks::verify_prepared`]). A frame naming one
+    /// runtime twice is taken one mark at a time (the second depends on the
+    /// first).
+    pub fn ingest_frame(
+        &mut self,
+        marks: &[pb::Mark],
+        from: Option<&str>,
+        now: Instant,
+    ) -> Vec<Result<Option<Change>, Refusal>> {
+        let mut names = std::collections::HashSet::with_capacity(marks.len());
+        if marks.len() < 2 || !marks.iter().all(|m| names.insert(m.node.as_str())) {
+            return marks.iter().map(|m| self.ingest(m, from, now)).collect();
+        }
+        let mut out = Vec::with_capacity(marks.len());
+        let mut pending = Vec::new();
+        for (i, m) in marks.iter().enumerate() {
+            let admitted = self.admit(m, from, now).and_then(|mark| {
+                let known_key = self.peers.get(&mark.node).and_then(|e| e.key);
+                match prepare_mark(&mark, known_key.as_ref()) {
+                    Ok(p) => Ok((mark, p)),
+                    Err(r) => Err(self.drop_mark(r)),
+                }
+            });
+            match admitted {
+                Ok((mark, p)) => {
+                    out.push(Ok(None));
+                    pending.push((i, mark, p));
+                }
+                Err(r) => out.push(Err(r)),
+            }
+        }
+        let checks: Vec<Prepared> = pending.iter().map(|(_, _, p)| p.clone()).collect();
+        let verified = verify_prepared(&checks);
+        for ((i, mark, p), ok) in pending.into_iter().zip(verified) {
+            out[i] = if ok {
+                self.apply(&mark, p.key, from, now)
+            } else {
+                Err(self.drop_mark(Refusal::BadSignature))
+            };
+        }
+        out
+    }
+
+    /// The cheap checks of a mark, before its signature: newer than what we
+    /// hold (by `min_gain`, if relayed), not our own echo; and its identity
+    /// filled in from what we know if it came without.
+    fn admit<'m>(
+        &mut self,
+        mark: &'m pb::Mark,
+        from: Option<&str>,
+        now: Instant,
+    ) -> Result<Cow<'m, pb::Mark>, Refusal> {
         // Cheap checks first: relays repeat the same marks all the time, and a
         // mark that is not newer is dropped whatever its signature says.
         if let Some(e) = self.peers.get_mut(&mark.node) {
@@ -325,7 +388,7 @@ impl PeerTable {
             return Err(Refusal::AboutSelf);
         }
         // A mark sent without its identity takes it from what we know.
-        let mark: Cow<'_, pb::Mark> = if mark.public_key.is_empty() {
+        let mark: Cow<'m, pb::Mark> = if mark.public_key.is_empty() {
             let known = if mark.node == self.self_node {
                 self.own.as_ref().map(|(m, _)| m)
             } else {
@@ -342,12 +405,17 @@ impl PeerTable {
         } else {
             Cow::Borrowed(mark)
         };
-        let mark: &pb::Mark = &mark;
-        let known_key = self.peers.get(&mark.node).and_then(|e| e.key);
-        let key = match verify_mark_keyed(mark, known_key.as_ref()) {
-            Ok(k) => k,
-            Err(r) => return Err(self.drop_mark(r)),
-        };
+        Ok(mark)
+    }
+
+    /// Takes in a mark whose signature verified with `key`.
+    fn apply(
+        &mut self,
+        mark: &pb::Mark,
+        key: VerifyingKey,
+        from: Option<&str>,
+        now: Instant,
+    ) -> Result<Option<Change>, Refusal> {
         if mark.node == self.self_node {
             // Our own mark relayed back carries our instance and address; a
             // different instance, or our instance from another address (a
@@ -1185,6 +1253,43 @@ mod tests {
             t.ingest(&mark(&c, 1, 0), Some(&c.node), at),
             Err(Refusal::TooManyRuntimes)
         );
+    }
+
+    /// A frame's marks checked in one batch give each the outcome it gets
+    /// alone: a forged one among good ones is refused by itself, and the
+    /// good ones are taken.
+    #[test]
+    fn a_frame_checked_in_one_batch_refuses_only_its_forged_mark() {
+        let me = Identity::ephemeral(1);
+        let t0 = Instant::now();
+        let ids: Vec<Identity> = (0..5).map(|_| Identity::ephemeral(1)).collect();
+        let mut frame: Vec<pb::Mark> = ids.iter().map(|id| mark(id, 1, 0)).collect();
+        // A forged beat: ids[2]'s mark with another beat's signature.
+        frame[2].beat = 7;
+        // And one not newer than what we hold.
+        let mut t = table(&me);
+        t.ingest(&mark(&ids[4], 3, 0), Some(&ids[4].node), t0)
+            .unwrap();
+        let out = t.ingest_frame(&frame, Some(&ids[0].node), t0);
+        assert_eq!(out.len(), 5);
+        assert_eq!(out[0], Ok(Some(Change::Joined)));
+        assert_eq!(out[1], Ok(Some(Change::Joined)));
+        assert_eq!(out[2], Err(Refusal::BadSignature));
+        assert_eq!(out[3], Ok(Some(Change::Joined)));
+        assert_eq!(out[4], Err(Refusal::NotNewer));
+        assert!(
+            t.peer(&ids[2].node, t0).is_none(),
+            "the forged one is not taken"
+        );
+        // All good: one batch, all taken, keys kept for the next check.
+        let next: Vec<pb::Mark> = ids[..2].iter().map(|id| mark(id, 2, 0)).collect();
+        let out = t.ingest_frame(&next, Some(&ids[0].node), t0 + ms(10));
+        assert_eq!(out, vec![Ok(None), Ok(None)]);
+        assert_eq!(t.peer(&ids[1].node, t0 + ms(10)).unwrap().beat, 2);
+        // A runtime named twice in one frame: taken in order, as one by one.
+        let twice = vec![mark(&ids[3], 5, 0), mark(&ids[3], 4, 0)];
+        let out = t.ingest_frame(&twice, Some(&ids[0].node), t0 + ms(20));
+        assert_eq!(out, vec![Ok(None), Err(Refusal::NotNewer)]);
     }
 
     /// A full view evicts only the dead, and a death it had not reported yet
