@@ -4,12 +4,12 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
-use common::mesh::{client as mesh_client, list, until};
+use common::mesh::{client as mesh_client, list, record, until, Events};
 use common::process::{free_addr, Sidecar};
 use common::proxy::FaultProxy;
 
@@ -40,41 +40,12 @@ fn state_of(l: &pb::ListPeersResponse, node: &str) -> Option<(pb::PeerState, pb:
     })
 }
 
-type Events = Arc<Mutex<Vec<(Instant, pb::PeerEventKind, String, u64, u32)>>>;
-
-/// Records every WatchPeers event of the sidecar at `addr`.
-async fn record(addr: std::net::SocketAddr) -> Events {
-    let ev: Events = Default::default();
-    let mut stream = mesh_client(addr)
-        .await
-        .watch_peers(pb::WatchPeersRequest {
-            include_expired: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let out = ev.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(e)) = stream.message().await {
-            let p = e.peer.unwrap_or_default();
-            out.lock().unwrap().push((
-                Instant::now(),
-                pb::PeerEventKind::try_from(e.kind).unwrap(),
-                p.node,
-                p.instance,
-                p.restarts,
-            ));
-        }
-    });
-    ev
-}
-
 fn first(ev: &Events, kind: pb::PeerEventKind, node: &str, after: Instant) -> Option<Instant> {
     ev.lock()
         .unwrap()
         .iter()
-        .find(|(t, k, n, _, _)| *k == kind && n == node && *t >= after)
-        .map(|(t, ..)| *t)
+        .find(|s| s.kind == kind && s.peer.node == node && s.at >= after)
+        .map(|s| s.at)
 }
 
 fn node_of(dir: &std::path::Path) -> String {
@@ -118,8 +89,8 @@ async fn a_killed_sidecar_expires_and_its_restart_rejoins_as_the_same_runtime() 
             list(addrs[i]).await
         );
     }
-    let watch1 = record(addrs[1]).await;
-    let watch2 = record(addrs[2]).await;
+    let watch1 = record(addrs[1], true).await.0;
+    let watch2 = record(addrs[2], true).await.0;
     let old_instance = state_of(&list(addrs[1]).await, &nodes[0]).unwrap().2;
 
     // SIGKILL runtime 0.
@@ -225,8 +196,8 @@ async fn a_partitioned_runtime_stays_alive_through_a_relay_and_expires_when_cut_
     .await;
     assert!(all_direct.is_some(), "{:?}", list(addrs[a]).await);
     let instance_c = state_of(&list(addrs[a]).await, &nodes[c]).unwrap().2;
-    let watch_a = record(addrs[a]).await;
-    let watch_b = record(addrs[b]).await;
+    let watch_a = record(addrs[a], true).await.0;
+    let watch_b = record(addrs[b], true).await.0;
 
     // Cut A–C. C stays ALIVE at A through B, shown as RELAYED.
     proxies[c].block(&nodes[a]);

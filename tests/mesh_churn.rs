@@ -13,13 +13,13 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
 use common::fake_peer::{live, FakeError, Life};
-use common::mesh::{client, list, until};
+use common::mesh::{client, list, mesh_flags, record, refs, until, Events};
 use common::process::{free_addr, Sidecar};
 use futures::StreamExt;
 
@@ -53,72 +53,12 @@ const MAX_RUNTIMES: usize = 256;
 /// with nobody else).
 const MAX_LINKS: usize = 64;
 
-/// Flags for A (and the real newcomer): timing, a store, a config file with
-/// the keys that have no flag.
-fn flags(root: &std::path::Path) -> Vec<String> {
-    let file = root.join("anarchon.toml");
-    std::fs::write(
-        &file,
-        format!("max_runtimes = {MAX_RUNTIMES}\nforget_ms = {FORGET}\nmax_links = {MAX_LINKS}\n"),
-    )
-    .unwrap();
-    vec![
-        "--heartbeat-ms".into(),
-        HB.to_string(),
-        "--expiry-ms".into(),
-        EXPIRY.to_string(),
-        "--backend".into(),
-        format!("sqlite://{}", root.join("shared.db").display()),
-        "--config".into(),
-        file.display().to_string(),
-    ]
-}
-
-fn refs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
-
-/// (received, kind, node)
-type Events = Arc<Mutex<Vec<(Instant, pb::PeerEventKind, String)>>>;
-
-/// Records A's `WatchPeers` (expired included) with client-side times.
-async fn record(addr: std::net::SocketAddr) -> (Events, Arc<Mutex<Option<tonic::Status>>>) {
-    let ev: Events = Default::default();
-    let failed: Arc<Mutex<Option<tonic::Status>>> = Default::default();
-    let mut stream = client(addr)
-        .await
-        .watch_peers(pb::WatchPeersRequest {
-            include_expired: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let (out, fail) = (ev.clone(), failed.clone());
-    tokio::spawn(async move {
-        loop {
-            match stream.message().await {
-                Ok(Some(e)) => {
-                    let kind = pb::PeerEventKind::try_from(e.kind).unwrap();
-                    let node = e.peer.unwrap_or_default().node;
-                    out.lock().unwrap().push((Instant::now(), kind, node));
-                }
-                Ok(None) => return,
-                Err(st) => {
-                    *fail.lock().unwrap() = Some(st);
-                    return;
-                }
-            }
-        }
-    });
-    (ev, failed)
-}
-
 /// Node → its first `EXPIRED` event.
 fn expired_all(ev: &Events) -> HashMap<String, Instant> {
     let mut out = HashMap::new();
-    for (t, k, n) in ev.lock().unwrap().iter() {
-        if *k == pb::PeerEventKind::Expired {
-            out.entry(n.clone()).or_insert(*t);
+    for s in ev.lock().unwrap().iter() {
+        if s.kind == pb::PeerEventKind::Expired {
+            out.entry(s.peer.node.clone()).or_insert(s.at);
         }
     }
     out
@@ -128,8 +68,8 @@ fn expired_at(ev: &Events, node: &str) -> Option<Instant> {
     ev.lock()
         .unwrap()
         .iter()
-        .find(|(_, k, n)| *k == pb::PeerEventKind::Expired && n == node)
-        .map(|(t, ..)| *t)
+        .find(|s| s.kind == pb::PeerEventKind::Expired && s.peer.node == node)
+        .map(|s| s.at)
 }
 
 /// What the sampler saw of A's view.
@@ -196,11 +136,16 @@ async fn two_thousand_short_lived_runtimes_keep_the_view_bounded_and_are_each_li
 {
     let wall = Instant::now();
     let root = tempfile::tempdir().unwrap();
-    let base = flags(root.path());
+    let base = mesh_flags(
+        root.path(),
+        HB,
+        EXPIRY,
+        &format!("max_runtimes = {MAX_RUNTIMES}\nforget_ms = {FORGET}\nmax_links = {MAX_LINKS}\n"),
+    );
     let a_dir = root.path().join("a");
     let a = Sidecar::start_at(&a_dir, free_addr(), &refs(&base));
     let a_node = list(a.addr).await.self_.unwrap().node;
-    let (ev, watch_failed) = record(a.addr).await;
+    let (ev, watch_failed) = record(a.addr, true).await;
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = sample(a.addr, stop.clone());
 

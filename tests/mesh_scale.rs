@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
-use common::mesh::{client, list, until};
+use common::mesh::{list, mesh_flags, record, refs, until};
 use common::process::{free_addr, Sidecar};
 
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -17,72 +16,11 @@ static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const HB: u64 = 200;
 const EXPIRY: u64 = 1500;
 
-/// Flags shared by every sidecar of a test: timing, one store, and a config
-/// file with the keys that have no flag.
-fn flags(root: &std::path::Path, config: &str) -> Vec<String> {
-    let file = root.join("anarchon.toml");
-    std::fs::write(&file, config).unwrap();
-    vec![
-        "--heartbeat-ms".into(),
-        HB.to_string(),
-        "--expiry-ms".into(),
-        EXPIRY.to_string(),
-        "--backend".into(),
-        format!("sqlite://{}", root.join("shared.db").display()),
-        "--config".into(),
-        file.display().to_string(),
-    ]
-}
-
-fn refs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
-
 fn state(l: &pb::ListPeersResponse, node: &str) -> Option<pb::PeerState> {
     l.peers
         .iter()
         .find(|p| p.node == node)
         .map(|p| pb::PeerState::try_from(p.state).unwrap())
-}
-
-/// (when, kind, node, instance, link, state)
-type Events = Arc<Mutex<Vec<(Instant, pb::PeerEventKind, String, u64, pb::Link)>>>;
-
-async fn record(
-    addr: std::net::SocketAddr,
-    include_expired: bool,
-) -> (Events, Arc<Mutex<Option<tonic::Status>>>) {
-    let ev: Events = Default::default();
-    let failed: Arc<Mutex<Option<tonic::Status>>> = Default::default();
-    let mut stream = client(addr)
-        .await
-        .watch_peers(pb::WatchPeersRequest { include_expired })
-        .await
-        .unwrap()
-        .into_inner();
-    let (out, fail) = (ev.clone(), failed.clone());
-    tokio::spawn(async move {
-        loop {
-            match stream.message().await {
-                Ok(Some(e)) => {
-                    let p = e.peer.unwrap_or_default();
-                    out.lock().unwrap().push((
-                        Instant::now(),
-                        pb::PeerEventKind::try_from(e.kind).unwrap(),
-                        p.node,
-                        p.instance,
-                        pb::Link::try_from(p.link).unwrap(),
-                    ));
-                }
-                Ok(None) => return,
-                Err(st) => {
-                    *fail.lock().unwrap() = Some(st);
-                    return;
-                }
-            }
-        }
-    });
-    (ev, failed)
 }
 
 fn node_of(dir: &std::path::Path) -> String {
@@ -106,7 +44,7 @@ async fn a_mesh_with_bounded_links_stays_whole_and_detects_a_kill_within_the_bou
     let _turn = TURN.lock().await;
     const N: usize = 12;
     let root = tempfile::tempdir().unwrap();
-    let base = flags(root.path(), "max_links = 4\n");
+    let base = mesh_flags(root.path(), HB, EXPIRY, "max_links = 4\n");
     let dirs: Vec<_> = (0..N).map(|i| root.path().join(format!("n{i}"))).collect();
     let nodes: Vec<String> = dirs.iter().map(|d| node_of(d)).collect();
     let first = free_addr();
@@ -156,7 +94,7 @@ async fn a_mesh_with_bounded_links_stays_whole_and_detects_a_kill_within_the_bou
             w.lock()
                 .unwrap()
                 .iter()
-                .any(|(_, k, n, ..)| *k == pb::PeerEventKind::Expired && *n == nodes[victim])
+                .any(|s| s.kind == pb::PeerEventKind::Expired && s.peer.node == nodes[victim])
         })
     })
     .await;
@@ -167,9 +105,9 @@ async fn a_mesh_with_bounded_links_stays_whole_and_detects_a_kill_within_the_bou
             let w = w.lock().unwrap();
             let t = w
                 .iter()
-                .find(|(_, k, n, ..)| *k == pb::PeerEventKind::Expired && *n == nodes[victim])
+                .find(|s| s.kind == pb::PeerEventKind::Expired && s.peer.node == nodes[victim])
                 .unwrap()
-                .0;
+                .at;
             t.duration_since(killed).as_millis() as u64
         })
         .collect();
@@ -188,7 +126,7 @@ async fn a_mesh_with_bounded_links_stays_whole_and_detects_a_kill_within_the_bou
 async fn left_is_final_and_a_pair_has_no_relay() {
     let _turn = TURN.lock().await;
     let root = tempfile::tempdir().unwrap();
-    let base = flags(root.path(), "");
+    let base = mesh_flags(root.path(), HB, EXPIRY, "");
     let a_addr = free_addr();
     let a = Sidecar::start_at(&root.path().join("a"), a_addr, &refs(&base));
     let seed = a_addr.to_string();
@@ -235,7 +173,7 @@ async fn left_is_final_and_a_pair_has_no_relay() {
         ev.lock()
             .unwrap()
             .iter()
-            .any(|(_, k, n, ..)| *k == pb::PeerEventKind::Left && *n == b_node)
+            .any(|s| s.kind == pb::PeerEventKind::Left && s.peer.node == b_node)
     })
     .await;
     assert!(left.is_some(), "no LEFT");
@@ -245,10 +183,10 @@ async fn left_is_final_and_a_pair_has_no_relay() {
         .lock()
         .unwrap()
         .iter()
-        .skip_while(|(_, k, n, ..)| !(*k == pb::PeerEventKind::Left && *n == b_node))
+        .skip_while(|s| !(s.kind == pb::PeerEventKind::Left && s.peer.node == b_node))
         .skip(1)
-        .filter(|(_, _, n, i, _)| *n == b_node && *i == instance)
-        .map(|(_, k, ..)| *k)
+        .filter(|s| s.peer.node == b_node && s.peer.instance == instance)
+        .map(|s| s.kind)
         .collect();
     assert!(after.is_empty(), "events after LEFT: {after:?}");
     assert_eq!(
@@ -270,7 +208,7 @@ async fn left_is_final_and_a_pair_has_no_relay() {
         ev.lock()
             .unwrap()
             .iter()
-            .any(|(_, k, n, ..)| *k == pb::PeerEventKind::Expired && *n == c_node)
+            .any(|s| s.kind == pb::PeerEventKind::Expired && s.peer.node == c_node)
     })
     .await;
     assert!(expired.is_some());
@@ -278,8 +216,8 @@ async fn left_is_final_and_a_pair_has_no_relay() {
         .lock()
         .unwrap()
         .iter()
-        .filter(|(_, k, n, ..)| *n == c_node && *k == pb::PeerEventKind::Unreachable)
-        .map(|(.., l)| *l)
+        .filter(|s| s.peer.node == c_node && s.kind == pb::PeerEventKind::Unreachable)
+        .map(|s| pb::Link::try_from(s.peer.link).unwrap())
         .collect();
     assert!(!links.is_empty());
     assert!(links.iter().all(|l| *l != pb::Link::Relayed), "{links:?}");
@@ -298,7 +236,12 @@ async fn churn_keeps_the_view_bounded_lists_every_newcomer_and_forgets() {
     let _turn = TURN.lock().await;
     const RUNS: usize = 24;
     let root = tempfile::tempdir().unwrap();
-    let base = flags(root.path(), "max_runtimes = 8\nforget_ms = 4500\n");
+    let base = mesh_flags(
+        root.path(),
+        HB,
+        EXPIRY,
+        "max_runtimes = 8\nforget_ms = 4500\n",
+    );
     let a_addr = free_addr();
     let a_dir = root.path().join("a");
     let a = Sidecar::start_at(&a_dir, a_addr, &refs(&base));
@@ -334,7 +277,7 @@ async fn churn_keeps_the_view_bounded_lists_every_newcomer_and_forgets() {
         ev.lock()
             .unwrap()
             .iter()
-            .any(|(_, k, n, ..)| *k == pb::PeerEventKind::Expired && *n == node)
+            .any(|s| s.kind == pb::PeerEventKind::Expired && s.peer.node == node)
     })
     .await
     .expect("the kill was detected");
@@ -365,7 +308,7 @@ async fn churn_keeps_the_view_bounded_lists_every_newcomer_and_forgets() {
 async fn a_snapshot_larger_than_the_watch_buffer_arrives_whole() {
     let _turn = TURN.lock().await;
     let root = tempfile::tempdir().unwrap();
-    let base = flags(root.path(), "watch_buffer = 1\n");
+    let base = mesh_flags(root.path(), HB, EXPIRY, "watch_buffer = 1\n");
     let a_addr = free_addr();
     let a = Sidecar::start_at(&root.path().join("a"), a_addr, &refs(&base));
     let seed = a_addr.to_string();
@@ -390,7 +333,7 @@ async fn a_snapshot_larger_than_the_watch_buffer_arrives_whole() {
         ev.lock()
             .unwrap()
             .iter()
-            .filter(|e| e.1 == pb::PeerEventKind::Snapshot)
+            .filter(|e| e.kind == pb::PeerEventKind::Snapshot)
             .count()
             == 5
     })
@@ -406,7 +349,7 @@ async fn a_snapshot_larger_than_the_watch_buffer_arrives_whole() {
         ev.lock()
             .unwrap()
             .iter()
-            .any(|e| e.1 == pb::PeerEventKind::Expired && e.2 == nodes[0])
+            .any(|e| e.kind == pb::PeerEventKind::Expired && e.peer.node == nodes[0])
     })
     .await;
     assert!(seen.is_some(), "{:?}", failed.lock().unwrap());

@@ -110,3 +110,69 @@ pub fn start_in_mesh(
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     super::process::Sidecar::start_at(dir, addrs[i], &flags)
 }
+
+/// Flags shared by the sidecars of a mesh test: timing, one SQLite store in
+/// `root`, and a config file holding `config` (the keys that have no flag).
+pub fn mesh_flags(root: &std::path::Path, hb_ms: u64, expiry_ms: u64, config: &str) -> Vec<String> {
+    let file = root.join("anarchon.toml");
+    std::fs::write(&file, config).unwrap();
+    vec![
+        "--heartbeat-ms".into(),
+        hb_ms.to_string(),
+        "--expiry-ms".into(),
+        expiry_ms.to_string(),
+        "--backend".into(),
+        format!("sqlite://{}", root.join("shared.db").display()),
+        "--config".into(),
+        file.display().to_string(),
+    ]
+}
+
+/// The `&str` view of owned flags, for `Sidecar::start`.
+pub fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// One `WatchPeers` event as a client received it, on the client's clock.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub at: Instant,
+    pub kind: pb::PeerEventKind,
+    pub peer: pb::Peer,
+}
+
+/// Everything a watcher received, in order.
+pub type Events = std::sync::Arc<std::sync::Mutex<Vec<Seen>>>;
+/// How the watch stream failed, if it did.
+pub type WatchFailure = std::sync::Arc<std::sync::Mutex<Option<tonic::Status>>>;
+
+/// Records every `WatchPeers` event of the sidecar at `addr` with
+/// client-side times, until the stream ends (and how it failed, if it did).
+pub async fn record(addr: SocketAddr, include_expired: bool) -> (Events, WatchFailure) {
+    let ev: Events = Default::default();
+    let failed: WatchFailure = Default::default();
+    let mut stream = client(addr)
+        .await
+        .watch_peers(pb::WatchPeersRequest { include_expired })
+        .await
+        .unwrap()
+        .into_inner();
+    let (out, fail) = (ev.clone(), failed.clone());
+    tokio::spawn(async move {
+        loop {
+            match stream.message().await {
+                Ok(Some(e)) => out.lock().unwrap().push(Seen {
+                    at: Instant::now(),
+                    kind: pb::PeerEventKind::try_from(e.kind).unwrap(),
+                    peer: e.peer.unwrap_or_default(),
+                }),
+                Ok(None) => return,
+                Err(st) => {
+                    *fail.lock().unwrap() = Some(st);
+                    return;
+                }
+            }
+        }
+    });
+    (ev, failed)
+}
