@@ -809,10 +809,15 @@ mod tests {
     const EXPIRY: Duration = Duration::from_millis(1500);
 
     fn table(me: &Identity) -> PeerTable {
+        bounded(me, 64)
+    }
+
+    /// A table of at most `max_runtimes` runtimes.
+    fn bounded(me: &Identity, max_runtimes: usize) -> PeerTable {
         PeerTable::new(
             TableConfig {
                 expiry: EXPIRY,
-                max_runtimes: 64,
+                max_runtimes,
             },
             &me.node,
             me.instance,
@@ -1191,14 +1196,7 @@ mod tests {
     #[test]
     fn the_table_is_bounded() {
         let me = Identity::ephemeral(1);
-        let mut t = PeerTable::new(
-            TableConfig {
-                expiry: EXPIRY,
-                max_runtimes: 2,
-            },
-            &me.node,
-            1,
-        );
+        let mut t = bounded(&me, 2);
         let t0 = Instant::now();
         for _ in 0..2 {
             t.ingest(&mark(&Identity::ephemeral(1), 1, 0), None, t0)
@@ -1213,14 +1211,7 @@ mod tests {
     #[test]
     fn a_full_view_evicts_the_longest_dead_and_never_refuses_a_newcomer_for_them() {
         let me = Identity::ephemeral(1);
-        let mut t = PeerTable::new(
-            TableConfig {
-                expiry: EXPIRY,
-                max_runtimes: 3,
-            },
-            &me.node,
-            1,
-        );
+        let mut t = bounded(&me, 3);
         let t0 = Instant::now();
         let (old, newer, live) = (
             Identity::ephemeral(1),
@@ -1298,14 +1289,7 @@ mod tests {
     #[test]
     fn an_eviction_reports_a_death_not_yet_reported_and_spares_the_unreachable() {
         let me = Identity::ephemeral(1);
-        let mut t = PeerTable::new(
-            TableConfig {
-                expiry: EXPIRY,
-                max_runtimes: 2,
-            },
-            &me.node,
-            1,
-        );
+        let mut t = bounded(&me, 2);
         let t0 = Instant::now();
         let (dead, unreachable) = (Identity::ephemeral(1), Identity::ephemeral(1));
         t.ingest(&mark(&dead, 1, 0), Some(&dead.node), t0).unwrap();
