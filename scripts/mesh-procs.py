@@ -151,6 +151,28 @@ def wait_formed(live, nodes, bound):
             return None
 
 
+def link_split(live, side):
+    """Per live process: (links to its own half, links to the other half)."""
+    own, cross = [], []
+    for i in live:
+        try:
+            ls = state(i)["links"]
+        except Exception:
+            continue
+        halves = []
+        for l in ls:
+            a = (l.get("address") or "").rsplit(":", 1)[0]
+            if a.startswith("127.0.2."):
+                halves.append(side.get(int(a.rsplit(".", 1)[1]) - 1))
+        own.append(sum(1 for h in halves if h == side[i]))
+        cross.append(sum(1 for h in halves if h is not None and h != side[i]))
+    return sorted(own), sorted(cross)
+
+
+def spread(d):
+    return f"min {d[0]} p50 {d[len(d) // 2]} max {d[-1]} (mean {sum(d) / len(d):.1f})"
+
+
 def partition(procs, nodes, victim):
     live = [i for i in range(N) if i != victim]
     half = N // 2
@@ -197,7 +219,8 @@ def partition(procs, nodes, victim):
             "{ type filter hook output priority 0; policy accept; }")
         for t in ts:
             t.start()
-        time.sleep(2)
+        time.sleep(1)
+        before = link_split(live, side)
         cut = time.time()
         nft("add", "rule", "inet", TABLE, "out", "ip", "saddr", f"{a_lo}-{a_hi}",
             "ip", "daddr", f"{b_lo}-{b_hi}", "drop")
@@ -225,7 +248,8 @@ def partition(procs, nodes, victim):
                 break
             time.sleep(0.1)
         all_exp = time.time() - cut
-        time.sleep(EXPIRY / 1000)
+        time.sleep(EXPIRY / 1000 - 0.7)
+        during = link_split(live, side)
         heal = time.time()
         nft("flush", "chain", "inet", TABLE, "out")
         print(f"heal: rules removed {heal - cut:.1f} s after the cut "
@@ -304,9 +328,46 @@ def partition(procs, nodes, victim):
               f"({EXPIRY + HB}): {sum(1 for d in pair_exp if d > EXPIRY + HB)}, "
               f"+2 hops ({EXPIRY + 2 * HB}): {sum(1 for d in pair_exp if d > EXPIRY + 2 * HB)}, "
               f"+3 hops ({EXPIRY + 3 * HB}): {sum(1 for d in pair_exp if d > EXPIRY + 3 * HB)}")
+        print(f"links per process just before the cut: to its own half {spread(before[0])}, "
+              f"to the other half {spread(before[1])}")
+        print(f"links per process just before the heal: to its own half {spread(during[0])}, "
+              f"to the other half {spread(during[1])}")
         print(f"halves whole (each process lists its own half ALIVE, cut to healed): "
               f"{viol_samples} violating samples, {len(viol_procs)} processes, "
-              f"{len(viol_pairs)} pairs")
+              f"{len(viol_pairs)} pairs (of {sum(len(own[i]) for i in live)})")
+        if viol_pairs:
+            # Per violating pair: worst state, longest run of samples not ALIVE
+            # (first bad sample to first ALIVE sample after it), when it began.
+            worst = {"U": 0, "E": 0, "L": 0, "-": 0}
+            runs, starts, after_heal = [], [], 0
+            for i in live:
+                rows = [(t, r) for t, r in samples[i] if t > cut
+                        and (healed_at is None or t <= healed_at)]
+                for j in own[i]:
+                    if (i, j) not in viol_pairs:
+                        continue
+                    sts = {r[j] for _, r in rows if r[j] != "A"}
+                    worst["E" if "E" in sts else "-" if "-" in sts
+                          else "L" if "L" in sts else "U"] += 1
+                    b = None
+                    for t, r in rows:
+                        if r[j] != "A" and b is None:
+                            b = t
+                            starts.append((t - cut) * 1000)
+                            if t > heal:
+                                after_heal += 1
+                        elif r[j] == "A" and b is not None:
+                            runs.append((t - b) * 1000)
+                            b = None
+                    if b is not None:
+                        runs.append((rows[-1][0] - b) * 1000)
+            runs.sort(); starts.sort()
+            print(f"  violating pairs by worst state listed: UNREACHABLE {worst['U']}, "
+                  f"EXPIRED {worst['E']}, LEFT {worst['L']}, absent {worst['-']}")
+            print(f"  a violation began (ms after the cut): {fig(starts)}; "
+                  f"{after_heal} began after the heal")
+            print(f"  a violation lasted (first sample not ALIVE to the next ALIVE one): "
+                  f"{fig(runs)}")
         if first_viol:
             t, i, j, st = first_viol
             print(f"  first violation: {ip(i)} listed {ip(j)} {st} "
