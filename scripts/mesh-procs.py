@@ -153,7 +153,7 @@ def wait_formed(live, nodes, bound):
 
 def link_split(live, side):
     """Per live process: (links to its own half, links to the other half)."""
-    own, cross = [], []
+    own, cross, per = [], [], {}
     for i in live:
         try:
             ls = state(i)["links"]
@@ -166,7 +166,8 @@ def link_split(live, side):
                 halves.append(side.get(int(a.rsplit(".", 1)[1]) - 1))
         own.append(sum(1 for h in halves if h == side[i]))
         cross.append(sum(1 for h in halves if h is not None and h != side[i]))
-    return sorted(own), sorted(cross)
+        per[i] = (own[-1], cross[-1])
+    return sorted(own), sorted(cross), per
 
 
 def spread(d):
@@ -339,6 +340,7 @@ def partition(procs, nodes, victim):
             # Per violating pair: worst state, longest run of samples not ALIVE
             # (first bad sample to first ALIVE sample after it), when it began.
             worst = {"U": 0, "E": 0, "L": 0, "-": 0}
+            expired_pairs = []
             runs, starts, after_heal = [], [], 0
             for i in live:
                 rows = [(t, r) for t, r in samples[i] if t > cut
@@ -349,6 +351,9 @@ def partition(procs, nodes, victim):
                     sts = {r[j] for _, r in rows if r[j] != "A"}
                     worst["E" if "E" in sts else "-" if "-" in sts
                           else "L" if "L" in sts else "U"] += 1
+                    if "E" in sts:
+                        t = next(t for t, r in rows if r[j] == "E")
+                        expired_pairs.append((t, i, j))
                     b = None
                     for t, r in rows:
                         if r[j] != "A" and b is None:
@@ -364,6 +369,11 @@ def partition(procs, nodes, victim):
             runs.sort(); starts.sort()
             print(f"  violating pairs by worst state listed: UNREACHABLE {worst['U']}, "
                   f"EXPIRED {worst['E']}, LEFT {worst['L']}, absent {worst['-']}")
+            bp = before[2]
+            for t, i, j in sorted(expired_pairs)[:12]:
+                print(f"  {ip(i)} listed {ip(j)} (own half) EXPIRED {(t - cut) * 1000:.0f} ms "
+                      f"after the cut; links (own half, other half) just before the cut: "
+                      f"{ip(i)} {bp.get(i)}, {ip(j)} {bp.get(j)}")
             print(f"  a violation began (ms after the cut): {fig(starts)}; "
                   f"{after_heal} began after the heal")
             print(f"  a violation lasted (first sample not ALIVE to the next ALIVE one): "
