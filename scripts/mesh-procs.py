@@ -29,7 +29,10 @@ then one more expiry; then the rules are removed (the heal) and the time is
 measured until every live process lists all the others ALIVE. Exits
 non-zero if the other half is not EXPIRED everywhere within expiry + 20
 heartbeats, if the mesh has not healed within 60 s, or if a half broke
-apart; the table is deleted in any case.
+apart; the table is deleted in any case. It also prints each process's
+links to its own and to the other half just before the cut and the heal,
+and, for the own-half pairs listed not ALIVE, the worst state listed, when
+it began and how long it lasted.
 
     scripts/mesh-procs.py BIN N [HEARTBEAT_MS EXPIRY_MS MAX_LINKS WINDOW_S] [--partition]
 """
