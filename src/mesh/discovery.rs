@@ -18,6 +18,9 @@ use crate::proto as pb;
 
 /// Random links are drawn again every this many heartbeats.
 const RESHUFFLE_HEARTBEATS: u32 = 30;
+/// A link that has heard nothing for this many heartbeats is silent: its
+/// runtime is not chosen until heard again.
+const SILENT_HEARTBEATS: u32 = 3;
 
 impl Mesh {
     /// Records a failed dial of a configured address (logged once per
@@ -75,9 +78,10 @@ impl Mesh {
     /// [`RESHUFFLE_HEARTBEATS`]); plus one runtime seen within ten expiries
     /// but not live now (restored from disk, or beyond a partition), so a
     /// split mesh and a restarted one find each other again.
-    fn choose_links(&self, epoch: u64) {
+    pub(super) fn choose_links(&self, epoch: u64) {
         let now = clock_now();
         let horizon = self.cfg.expiry * 10;
+        let silent = self.silent_links(now);
         let (live, recent) = {
             let table = lock(&self.table);
             let mut live = Vec::new();
@@ -87,7 +91,11 @@ impl Mesh {
                     continue;
                 }
                 match pb::PeerState::try_from(p.state) {
-                    Ok(pb::PeerState::Alive | pb::PeerState::Unreachable) => live.push(p.node),
+                    Ok(pb::PeerState::Alive | pb::PeerState::Unreachable)
+                        if !silent.contains(&p.node) =>
+                    {
+                        live.push(p.node)
+                    }
                     Ok(pb::PeerState::Expired)
                         if p.beat_age_ms < 0 || (p.beat_age_ms as u128) < horizon.as_millis() =>
                     {
@@ -110,6 +118,27 @@ impl Mesh {
                 .take(1),
         );
         *lock(&self.chosen) = chosen.into_iter().collect();
+    }
+
+    /// The runtimes whose links have all been silent for
+    /// [`SILENT_HEARTBEATS`] (a link carries our peer's own beat every
+    /// heartbeat, so it is cut or the peer is stalled). They are not chosen
+    /// until heard again: a runtime whose links a partition cut dials others
+    /// within a few heartbeats — before its view of its own side ages to
+    /// `UNREACHABLE` — instead of waiting one expiry for the links to end.
+    fn silent_links(&self, now: std::time::Instant) -> HashSet<String> {
+        let quiet = self.cfg.heartbeat * SILENT_HEARTBEATS;
+        let mut heard: std::collections::HashMap<&str, std::time::Instant> = Default::default();
+        let links = lock(&self.links);
+        for l in links.values() {
+            let t = heard.entry(l.node.as_str()).or_insert(l.last_rx);
+            *t = (*t).max(l.last_rx);
+        }
+        heard
+            .into_iter()
+            .filter(|(_, t)| now.saturating_duration_since(*t) >= quiet)
+            .map(|(n, _)| n.to_owned())
+            .collect()
     }
 
     /// Addresses to dial: the chosen runtimes', and the configured ones

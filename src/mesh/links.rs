@@ -709,6 +709,53 @@ mod tests {
         assert!(!wanted.task.is_finished(), "a chosen link stays");
     }
 
+    /// A link that hears nothing for three heartbeats is silent: its runtime
+    /// is not chosen (others are dialled instead) until it is heard again.
+    #[tokio::test(start_paused = true)]
+    async fn a_runtime_whose_link_went_silent_is_not_chosen_until_heard_again() {
+        let f = mesh();
+        let (p, wire) = link(&f.mesh, false, false);
+        let q = Identity::ephemeral(1);
+        settle().await;
+        let frame = |b| {
+            vec![
+                sign_mark(&p, b, false, "127.0.0.1:2", &BTreeMap::new()),
+                sign_mark(&q, b, false, "127.0.0.1:3", &BTreeMap::new()),
+            ]
+        };
+        wire.send(frame(1)).await;
+        settle().await;
+        f.mesh.choose_links(0);
+        let chosen = lock(&f.mesh.chosen).clone();
+        assert!(
+            chosen.contains(&p.node) && chosen.contains(&q.node),
+            "{chosen:?}"
+        );
+        // Two heartbeats of silence: still chosen.
+        tokio::time::sleep(HB * 2).await;
+        f.mesh.choose_links(0);
+        assert!(lock(&f.mesh.chosen).contains(&p.node), "not silent yet");
+        // Three: silent (still ALIVE in the table: a quarter expiry old).
+        tokio::time::sleep(HB).await;
+        f.mesh.choose_links(0);
+        let chosen = lock(&f.mesh.chosen).clone();
+        assert!(
+            !chosen.contains(&p.node),
+            "a silent link's runtime: {chosen:?}"
+        );
+        assert!(chosen.contains(&q.node));
+        assert_eq!(
+            f.mesh.link_count(),
+            1,
+            "the link itself stays until it expires"
+        );
+        // Heard again: chosen again.
+        wire.send(frame(2)).await;
+        settle().await;
+        f.mesh.choose_links(0);
+        assert!(lock(&f.mesh.chosen).contains(&p.node));
+    }
+
     /// A beat of every runtime the feeder knows, `beat` each.
     fn marks(ids: &[Identity], beat: u64) -> Vec<pb::Mark> {
         ids.iter()
