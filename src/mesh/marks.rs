@@ -158,18 +158,13 @@ fn check(key: &VerifyingKey, msg: &[u8], sig: &[u8], bad: Refusal) -> Result<(),
 
 /// Checks sizes, that the key hashes to the node and the signature verifies.
 pub fn verify_mark(m: &pb::Mark) -> Result<(), Refusal> {
-    verify_mark_keyed(m, None).map(|_| ())
+    verify_mark_keyed(m).map(|_| ())
 }
 
-/// [`verify_mark`], given the key already proven for this node (if any):
-/// a mark carrying that same key skips decoding it and hashing it to the
-/// node, about a fifth of a check. Returns the key it verified with, for
-/// the caller to keep.
-pub fn verify_mark_keyed(
-    m: &pb::Mark,
-    known: Option<&VerifyingKey>,
-) -> Result<VerifyingKey, Refusal> {
-    let p = prepare_mark(m, known)?;
+/// [`verify_mark`], returning the key it verified with, for the caller to
+/// keep (see [`prepare_mark`]).
+pub fn verify_mark_keyed(m: &pb::Mark) -> Result<VerifyingKey, Refusal> {
+    let p = prepare_mark(m, None)?;
     p.key
         .verify_strict(&p.msg, &p.signature)
         .map_err(|_| Refusal::BadSignature)?;
@@ -185,7 +180,9 @@ pub struct Prepared {
 }
 
 /// Checks sizes and the key (decoded, not weak, hashing to the node; or the
-/// `known` one if the mark carries it), and builds the signed bytes.
+/// `known` one, already proven for this node, if the mark carries it: that
+/// skips decoding and hashing it, about a fifth of a check), and builds the
+/// signed bytes.
 pub fn prepare_mark(m: &pb::Mark, known: Option<&VerifyingKey>) -> Result<Prepared, Refusal> {
     if m.node.len() != 32
         || m.address.len() > MAX_ADDRESS_BYTES

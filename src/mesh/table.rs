@@ -48,6 +48,16 @@ pub enum Change {
 }
 
 impl Change {
+    /// The change of a runtime whose state became `st`.
+    fn to(st: pb::PeerState) -> Change {
+        match st {
+            pb::PeerState::Alive => Change::Alive,
+            pb::PeerState::Unreachable => Change::Unreachable,
+            pb::PeerState::Left => Change::Left,
+            _ => Change::Expired,
+        }
+    }
+
     pub fn kind(self) -> pb::PeerEventKind {
         match self {
             Change::Joined => pb::PeerEventKind::Joined,
@@ -254,7 +264,7 @@ impl PeerTable {
         if mark.node == self.self_node || self.peers.contains_key(&mark.node) {
             return;
         }
-        let Ok(key) = verify_mark_keyed(&mark, None) else {
+        let Ok(key) = verify_mark_keyed(&mark) else {
             return;
         };
         self.peers.insert(
@@ -285,13 +295,14 @@ impl PeerTable {
         from: Option<&str>,
         now: Instant,
     ) -> Result<Option<Change>, Refusal> {
-        let mark = self.admit(mark, from, now)?;
-        let known_key = self.peers.get(&mark.node).and_then(|e| e.key);
-        let key = match verify_mark_keyed(&mark, known_key.as_ref()) {
-            Ok(k) => k,
-            Err(r) => return Err(self.drop_mark(r)),
-        };
-        self.apply(&mark, key, from, now)
+        // One mark in, one outcome out.
+        match self
+            .ingest_batch(std::slice::from_ref(mark), from, now)
+            .pop()
+        {
+            Some(outcome) => outcome,
+            None => Err(Refusal::Malformed),
+        }
     }
 
     /// Takes in a frame's marks, with the outcome of each as
@@ -306,11 +317,24 @@ impl PeerTable {
         now: Instant,
     ) -> Vec<Result<Option<Change>, Refusal>> {
         let mut names = std::collections::HashSet::with_capacity(marks.len());
-        if marks.len() < 2 || !marks.iter().all(|m| names.insert(m.node.as_str())) {
-            return marks.iter().map(|m| self.ingest(m, from, now)).collect();
+        if marks.iter().all(|m| names.insert(m.node.as_str())) {
+            self.ingest_batch(marks, from, now)
+        } else {
+            marks.iter().map(|m| self.ingest(m, from, now)).collect()
         }
+    }
+
+    /// Marks naming distinct runtimes: the cheap checks of each, one
+    /// signature check of all, then each taken in order.
+    fn ingest_batch(
+        &mut self,
+        marks: &[pb::Mark],
+        from: Option<&str>,
+        now: Instant,
+    ) -> Vec<Result<Option<Change>, Refusal>> {
         let mut out = Vec::with_capacity(marks.len());
         let mut pending = Vec::new();
+        let mut checks: Vec<Prepared> = Vec::new();
         for (i, m) in marks.iter().enumerate() {
             let admitted = self.admit(m, from, now).and_then(|mark| {
                 let known_key = self.peers.get(&mark.node).and_then(|e| e.key);
@@ -322,14 +346,14 @@ impl PeerTable {
             match admitted {
                 Ok((mark, p)) => {
                     out.push(Ok(None));
-                    pending.push((i, mark, p));
+                    pending.push((i, mark));
+                    checks.push(p);
                 }
                 Err(r) => out.push(Err(r)),
             }
         }
-        let checks: Vec<Prepared> = pending.iter().map(|(_, _, p)| p.clone()).collect();
         let verified = verify_prepared(&checks);
-        for ((i, mark, p), ok) in pending.into_iter().zip(verified) {
+        for (((i, mark), p), ok) in pending.into_iter().zip(checks).zip(verified) {
             out[i] = if ok {
                 self.apply(&mark, p.key, from, now)
             } else {
@@ -519,13 +543,7 @@ impl PeerTable {
             let st = state_of(e, now, expiry);
             if st != e.reported {
                 e.reported = st;
-                let change = match st {
-                    pb::PeerState::Alive => Change::Alive,
-                    pb::PeerState::Unreachable => Change::Unreachable,
-                    pb::PeerState::Left => Change::Left,
-                    _ => Change::Expired,
-                };
-                out.push((node.clone(), change));
+                out.push((node.clone(), Change::to(st)));
             }
         }
         let forget = self.forget;
@@ -537,17 +555,14 @@ impl PeerTable {
         out
     }
 
-    /// Makes room in a full view: drops the entry dead the longest, or
-    /// failing that the one unreachable the longest. False when every entry
-    /// is `ALIVE` (the newcomer is refused: a flood bound). Dropping an
-    /// unreachable entry is safe for claims: its holder becomes unknown,
-    /// which is never dead here (the store lease decides).
+    /// Makes room in a full view: drops the entry dead the longest. False
+    /// when no entry is dead (the newcomer is refused: a flood bound). Only
+    /// the dead: an `UNREACHABLE` runtime may be alive, and a watcher that
+    /// last heard `ALIVE` or `UNREACHABLE` of it would never hear of it
+    /// again. Claims are unaffected either way (a dropped holder becomes
+    /// unknown, which is never dead here: the store lease decides).
     fn evict_one(&mut self, now: Instant) -> bool {
         let expiry = self.cfg.expiry;
-        // Only the dead: an `UNREACHABLE` runtime may be alive, and a
-        // watcher that last heard `ALIVE` or `UNREACHABLE` of it would
-        // otherwise never hear of it again. Claims are unaffected either way
-        // (an unknown holder is not dead here).
         let victim = self
             .peers
             .iter()
@@ -562,13 +577,8 @@ impl PeerTable {
             (st != e.reported).then_some(st)
         });
         if let Some(st) = lagging {
-            let change = if st == pb::PeerState::Left {
-                Change::Left
-            } else {
-                Change::Expired
-            };
             if let Some(peer) = self.peer(&n, now) {
-                self.evicted.push((change, peer));
+                self.evicted.push((Change::to(st), peer));
             }
         }
         self.peers.remove(&n);
