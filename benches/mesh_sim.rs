@@ -71,8 +71,13 @@ fn pct(v: &[f64], q: f64) -> f64 {
 
 fn new_node(i: usize, cfg: TableConfig, full: bool) -> Node {
     let id = Identity::ephemeral(1);
-    let gain = if full { 0 } else { HB_MS / 2 };
-    let table = PeerTable::new(cfg, &id.node, 1).with_min_gain(Duration::from_millis(gain));
+    // As the sidecar does: the gain its links' deltas assume.
+    let gain = if full {
+        Duration::ZERO
+    } else {
+        GossipConfig::new(Duration::from_millis(HB_MS), cfg.expiry).min_gain
+    };
+    let table = PeerTable::new(cfg, &id.node, 1).with_min_gain(gain);
     Node {
         id,
         table,

@@ -203,7 +203,7 @@ impl Mesh {
     }
 
     /// The lower node id dials; the higher one only when nothing arrived from
-    /// the lower for 3 heartbeats.
+    /// the lower for [`SILENT_HEARTBEATS`].
     fn should_dial(&self, addr: &str) -> bool {
         let node = {
             let table = lock(&self.table);
@@ -217,7 +217,7 @@ impl Mesh {
         if let Some(l) = self.link_with(&node) {
             // Already linked with that runtime: nothing to do.
             let quiet = clock_now().saturating_duration_since(l.last_rx);
-            if quiet <= self.cfg.heartbeat * 3 {
+            if quiet <= self.cfg.heartbeat * SILENT_HEARTBEATS {
                 return false;
             }
         }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, watch};
 
+use super::gossip::GossipConfig;
 use super::identity::Identity;
 use super::links::{LinkInfo, RefusedLink};
 use super::marks::{sign_mark, Refusal};
@@ -172,7 +173,8 @@ impl Mesh {
             id.instance,
         )
         .with_forget(cfg.forget)
-        .with_min_gain(cfg.heartbeat / 2);
+        // What the links' deltas assume (they never send a smaller gain).
+        .with_min_gain(GossipConfig::new(cfg.heartbeat, cfg.expiry).min_gain);
         let started = clock_now();
         for m in persist::load(&cfg.data_dir) {
             table.restore(m, started);
@@ -269,39 +271,39 @@ impl Mesh {
         if changes.is_empty() {
             return;
         }
-        if changes
-            .iter()
-            .any(|(_, c)| matches!(c, Change::Expired | Change::Left | Change::Restarted))
-        {
-            self.wake_waiters();
-        }
-        let table = lock(&self.table);
-        for (node, change) in changes {
-            if let Some(peer) = table.peer(&node, now) {
-                match change {
-                    Change::Expired | Change::Restarted | Change::Left => tracing::info!(
-                        peer = %node, instance = peer.instance, change = ?change, "peer changed"
-                    ),
-                    _ => tracing::debug!(peer = %node, change = ?change, "peer changed"),
-                }
-                let _ = self.events.send(pb::PeerEvent {
-                    kind: change.kind() as i32,
-                    peer: Some(peer),
-                });
-            }
-        }
+        let events: Vec<(Change, pb::Peer)> = {
+            let table = lock(&self.table);
+            changes
+                .into_iter()
+                .filter_map(|(node, change)| table.peer(&node, now).map(|p| (change, p)))
+                .collect()
+        };
+        self.announce(events);
     }
 
     /// Deaths reported as their entries were evicted from a full view
     /// (`PeerTable::take_evicted`): the entries are gone, so the events
     /// carry the last view of them.
     pub(super) fn publish_evicted(&self, evicted: Vec<(Change, pb::Peer)>) {
-        if evicted.is_empty() {
-            return;
+        self.announce(evicted);
+    }
+
+    /// Tells the watchers, and wakes the claim waiters if a runtime died or
+    /// restarted.
+    fn announce(&self, events: Vec<(Change, pb::Peer)>) {
+        if events
+            .iter()
+            .any(|(c, _)| matches!(c, Change::Expired | Change::Left | Change::Restarted))
+        {
+            self.wake_waiters();
         }
-        self.wake_waiters();
-        for (change, peer) in evicted {
-            tracing::info!(peer = %peer.node, instance = peer.instance, change = ?change, "peer changed (evicted from a full view)");
+        for (change, peer) in events {
+            match change {
+                Change::Expired | Change::Restarted | Change::Left => tracing::info!(
+                    peer = %peer.node, instance = peer.instance, change = ?change, "peer changed"
+                ),
+                _ => tracing::debug!(peer = %peer.node, change = ?change, "peer changed"),
+            }
             let _ = self.events.send(pb::PeerEvent {
                 kind: change.kind() as i32,
                 peer: Some(peer),
