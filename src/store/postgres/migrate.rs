@@ -40,6 +40,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "claim_batch",
         include_str!("../../../migrations/postgres/0006_claim_batch.sql"),
     ),
+    (
+        7,
+        "claim_one_fence_write",
+        include_str!("../../../migrations/postgres/0007_claim_one_fence_write.sql"),
+    ),
 ];
 
 /// The advisory lock key that serialises the migrations of one prefix.
