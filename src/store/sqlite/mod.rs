@@ -368,27 +368,37 @@ mod tests {
     async fn a_failing_operation_does_not_fail_its_batch() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(&dir).await;
-        // The writer thread waits in this plain read until `go`, so that the
-        // three writes below queue up and run as one batch.
+        // The writer thread waits in this plain read until `go`; the three
+        // writes are sent only once it waits there, so they queue up behind
+        // it and run as one batch (sent before, one of them could share the
+        // blocker's batch and the rest make a second one).
         let (go, wait) = std_mpsc::channel::<()>();
+        let (started, waiting) = tokio::sync::oneshot::channel::<()>();
+        let mut started = Some(started);
         let blocker = s.writer.run(move |_, phase| {
             if let Phase::Read = phase {
+                if let Some(started) = started.take() {
+                    let _ = started.send(());
+                }
                 let _ = wait.recv_timeout(Duration::from_secs(10));
             }
             Ok(Some(()))
         });
-        let release = async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            go.send(()).unwrap();
-        };
         let commits = s.writer.commits();
-        let (held, ok1, bad, ok2, ()) = tokio::join!(
-            blocker,
-            s.writer.run(meta_write("ok1", false)),
-            s.writer.run(meta_write("bad", true)),
-            s.writer.run(meta_write("ok2", false)),
-            release,
-        );
+        let writes = async {
+            waiting.await.unwrap();
+            let release = async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                go.send(()).unwrap();
+            };
+            tokio::join!(
+                s.writer.run(meta_write("ok1", false)),
+                s.writer.run(meta_write("bad", true)),
+                s.writer.run(meta_write("ok2", false)),
+                release,
+            )
+        };
+        let (held, (ok1, bad, ok2, ())) = tokio::join!(blocker, writes);
         held.unwrap();
         assert_eq!(
             s.writer.commits(),
@@ -401,6 +411,55 @@ mod tests {
         assert!(has_key(&s, "ok1").await);
         assert!(!has_key(&s, "bad").await);
         assert!(has_key(&s, "ok2").await);
+    }
+
+    /// Writes `n` values of 16,000 bytes under `tag`, one operation each.
+    async fn write_big(s: &SqliteStore, tag: &str, n: usize) {
+        for i in 0..n {
+            let key = format!("{tag}{i}");
+            s.writer
+                .run(move |a, phase| match phase {
+                    Phase::Read => Ok(None),
+                    Phase::Locked { .. } => {
+                        a.execute(
+                            "INSERT INTO meta (key, value) VALUES (?1, hex(zeroblob(8000)))",
+                            params![key],
+                        )?;
+                        Ok(Some(()))
+                    }
+                })
+                .await
+                .unwrap();
+        }
+    }
+
+    fn file_len(path: &Path) -> u64 {
+        std::fs::metadata(path).map_or(0, |m| m.len())
+    }
+
+    /// Under writes without a pause the WAL still starts over: the writer
+    /// checkpoints in its own commits, so each checkpoint can copy the whole
+    /// WAL and the next transaction starts it over. (A checkpoint on another
+    /// thread never let it start over; see `AUTOCHECKPOINT_PAGES`.)
+    #[tokio::test]
+    async fn the_wal_stays_bounded_under_writes_without_a_pause() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        // 16 writers of 400 values each: over 100 MB through the WAL, in
+        // batches. The WAL file keeps its largest size, so its size at the
+        // end is the most it ever held: 16 MiB (4,000 pages) and the batch
+        // that passed them. A WAL that never starts over holds it all
+        // (181 MB, measured with the writer's checkpoint turned off).
+        let writers = (0..16).map(|w| {
+            let s = &s;
+            async move { write_big(s, &format!("w{w}-"), 400).await }
+        });
+        futures::future::join_all(writers).await;
+        let wal = file_len(&dir.path().join("a.db-wal"));
+        assert!(
+            wal <= 24 << 20,
+            "the WAL grew to {wal} bytes for 102 MB written: it did not start over"
+        );
     }
 
     /// A lone operation that fails leaves nothing behind either.

@@ -135,7 +135,9 @@ fn open(path: &str, busy_timeout: Duration) -> rusqlite::Result<Connection> {
 /// so it can always copy the whole WAL and the next transaction starts the
 /// WAL over: the file stays near 16 MiB. (A checkpoint on another thread
 /// was measured too: it never let the WAL start over, which grew to
-/// 16.6 GB over 10⁶ aged runs.)
+/// 16.6 GB over 10⁶ aged runs. Four designs of a background copier beside
+/// this checkpoint cut the p99 but left a WAL 3–9 times longer and a lower
+/// aged rate: docs/BENCHMARKS.md, round 3.)
 const AUTOCHECKPOINT_PAGES: i64 = 4_000;
 
 /// One queued operation, as the thread sees it.
