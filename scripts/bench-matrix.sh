@@ -12,7 +12,8 @@
 #   BACKENDS="sqlite postgres redis-lease redis-stream-id rabbitmq nats"
 #   ETCD_WITH=sqlite    the backend whose runs also measure etcd (--against
 #                       etcd), so etcd is measured once per client count
-#   OUT=docs/benchmarks/matrix.jsonl
+#   OUT=docs/benchmarks/matrix.jsonl  (another OUT is plotted to OUT's name
+#                       with .png, leaving docs/benchmarks/claims.png alone)
 #   APPEND=1            keep the lines already in OUT (repeats: the plot and
 #                       tables take the median of each cell)
 #   BUILD=0             use the binary already built
@@ -74,4 +75,8 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import matplotlib' 2>
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q -r scripts/plot-bench.requirements.txt
 fi
-"$venv/bin/python" scripts/plot-bench.py "$out" docs/benchmarks/claims.png
+# The page's main plot only for the page's main matrix; another OUT gets its
+# own plot beside it (OUT=x.jsonl → x.png), so a side run never replaces it.
+png=docs/benchmarks/claims.png
+[ "$out" = docs/benchmarks/matrix.jsonl ] || png=${out%.jsonl}.png
+"$venv/bin/python" scripts/plot-bench.py "$out" "$png"
