@@ -406,12 +406,34 @@ impl PrivateRedis {
             addr: free_addr(),
             dir: tempfile::tempdir().unwrap(),
         };
-        p.spawn();
-        Some(p)
+        // The free port may be taken by another test before our server binds
+        // it (the server then exits): take another one.
+        for _ in 0..5 {
+            if p.try_spawn() {
+                return Some(p);
+            }
+            p.addr = free_addr();
+        }
+        panic!("redis-server did not start on any of 5 free ports");
     }
 
+    /// Starts the server again on its own port (a restart).
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.try_spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start again"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Spawns the server and waits until it answers, as itself: a listener
+    /// on the port is not enough (another process may hold it, and our
+    /// server then exits), so the answer must carry our child's pid.
+    fn try_spawn(&mut self) -> bool {
+        let mut child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port"])
             .arg(self.addr.port().to_string())
             .args(["--save", "", "--appendonly", "no", "--dir"])
@@ -420,10 +442,31 @@ impl PrivateRedis {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        self.child = Some(child);
+        let ours = format!("process_id:{}", child.id());
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !services::reachable(&self.addr.to_string()) {
-            assert!(Instant::now() < deadline, "redis-server did not start");
+        loop {
+            if !matches!(child.try_wait(), Ok(None)) {
+                let _ = child.wait();
+                return false;
+            }
+            let info = Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p"])
+                .arg(self.addr.port().to_string())
+                .args(["INFO", "server"])
+                .output();
+            if info.is_ok_and(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l.trim_end() == ours)
+            }) {
+                self.child = Some(child);
+                return true;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
