@@ -442,23 +442,13 @@ impl PrivateRedis {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let ours = format!("process_id:{}", child.id());
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if !matches!(child.try_wait(), Ok(None)) {
                 let _ = child.wait();
                 return false;
             }
-            let info = Command::new("redis-cli")
-                .args(["-h", "127.0.0.1", "-p"])
-                .arg(self.addr.port().to_string())
-                .args(["INFO", "server"])
-                .output();
-            if info.is_ok_and(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .any(|l| l.trim_end() == ours)
-            }) {
+            if server_pid(&self.addr) == Some(child.id()) {
                 self.child = Some(child);
                 return true;
             }
@@ -495,6 +485,20 @@ impl PrivateRedis {
             .await
             .unwrap()
     }
+}
+
+/// The pid of the Redis server answering on `addr`, if one answers.
+fn server_pid(addr: &SocketAddr) -> Option<u32> {
+    let client = redis::Client::open(format!("redis://{addr}")).ok()?;
+    let mut c = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    let info: String = redis::cmd("INFO").arg("server").query(&mut c).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Drop for PrivateRedis {
