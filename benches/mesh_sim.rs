@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anarchon::mesh::fanout;
 use anarchon::mesh::gossip::{GossipConfig, Outbox};
 use anarchon::mesh::marks::sign_mark;
-use anarchon::mesh::node::RELAY_MARKS_PER_HEARTBEAT;
+use anarchon::mesh::node::{RELAY_MARKS_PER_HEARTBEAT, RELAY_TICKS_PER_HB};
 use anarchon::mesh::table::{PeerTable, TableConfig};
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
@@ -143,6 +143,17 @@ fn simulate(n: usize, kills: usize, full: bool) {
         max_runtimes: 4096,
     };
     let gossip = GossipConfig::new(hb, expiry);
+    // MESH_SIM_GOSSIP=0: every link refreshes every runtime on its own (the
+    // rule before relay trees, still spoken to older sidecars).
+    let trees = std::env::var("MESH_SIM_GOSSIP").map_or(true, |v| v != "0");
+    // MESH_SIM_RELAY=0: relayed beats go only with the heartbeat's frame,
+    // not between heartbeats as soon as they are taken.
+    let relay_now = trees && std::env::var("MESH_SIM_RELAY").map_or(true, |v| v != "0");
+    // As the sidecar does: what its links brought is relayed down the trees
+    // every quarter heartbeat (one signature batch per frame, not one per
+    // mark), each runtime at its own phase.
+    let relay_every = HB_MS / RELAY_TICKS_PER_HB;
+    let mut pending: Vec<BTreeSet<String>> = vec![BTreeSet::new(); n];
     let relay_budget = std::env::var("MESH_SIM_BUDGET")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -201,6 +212,34 @@ fn simulate(n: usize, kills: usize, full: bool) {
         // Runtimes whose beat is due beat and send a frame on every link.
         let mut frames: Vec<(usize, usize, pb::SyncFrame)> = Vec::new();
         for i in 0..n {
+            if !relay_now || !nodes[i].alive || now_ms % relay_every != nodes[i].phase % relay_every
+            {
+                continue;
+            }
+            let started = Instant::now();
+            let taken: Vec<String> = std::mem::take(&mut pending[i]).into_iter().collect();
+            let node = &mut nodes[i];
+            for (&j, ob) in node.outboxes.iter_mut() {
+                if !adj[i].contains(&j) {
+                    continue;
+                }
+                let out = ob.relay(&node.table, now, &taken);
+                if anarchon::mesh::gossip::is_empty(&out) {
+                    continue;
+                }
+                let frame = pb::SyncFrame {
+                    frame: Some(pb::sync_frame::Frame::Marks(out)),
+                };
+                if measuring {
+                    sent_bytes += frame.encoded_len() as u64;
+                }
+                frames.push((i, j, frame));
+            }
+            if measuring {
+                cpu += started.elapsed();
+            }
+        }
+        for i in 0..n {
             if !nodes[i].alive || now_ms % HB_MS != nodes[i].phase {
                 continue;
             }
@@ -218,19 +257,22 @@ fn simulate(n: usize, kills: usize, full: bool) {
             let budget = (relay_budget / adj[i].len().max(1)).max(32);
             for &j in &adj[i] {
                 let marks = if full {
-                    node.table.frame_marks(now)
+                    pb::Marks {
+                        marks: node.table.frame_marks(now),
+                        ..Default::default()
+                    }
                 } else {
                     let ob = node
                         .outboxes
                         .entry(j)
-                        .or_insert_with(|| Outbox::new(&names[j], gossip, now));
+                        .or_insert_with(|| Outbox::new(&names[j], gossip, now).with_trees(trees));
                     ob.frame(&node.table, now, budget)
                 };
-                if marks.is_empty() {
+                if anarchon::mesh::gossip::is_empty(&marks) {
                     continue;
                 }
                 let frame = pb::SyncFrame {
-                    frame: Some(pb::sync_frame::Frame::Marks(pb::Marks { marks })),
+                    frame: Some(pb::sync_frame::Frame::Marks(marks)),
                 };
                 if measuring {
                     sent_bytes += frame.encoded_len() as u64;
@@ -254,13 +296,23 @@ fn simulate(n: usize, kills: usize, full: bool) {
             if !full {
                 node.outboxes
                     .entry(from)
-                    .or_insert_with(|| Outbox::new(from_node, gossip, now))
-                    .note_received(&marks.marks, now);
+                    .or_insert_with(|| Outbox::new(from_node, gossip, now).with_trees(trees))
+                    .note_received(&marks, now);
             }
             let outcomes = node.table.ingest_frame(&marks.marks, Some(from_node), now);
             if measuring {
                 marks_in += outcomes.len() as u64;
                 marks_taken += outcomes.iter().filter(|o| o.is_ok()).count() as u64;
+            }
+            if relay_now {
+                pending[to].extend(
+                    marks
+                        .marks
+                        .iter()
+                        .zip(&outcomes)
+                        .filter(|(_, o)| o.is_ok())
+                        .map(|(m, _)| m.node.clone()),
+                );
             }
             if measuring {
                 cpu += started.elapsed();

@@ -61,6 +61,7 @@ fn sync_frames_never_panic() {
     let frame = pb::SyncFrame {
         frame: Some(pb::sync_frame::Frame::Marks(pb::Marks {
             marks: vec![mark.clone(), mark],
+            ..Default::default()
         })),
     }
     .encode_to_vec();

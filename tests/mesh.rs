@@ -339,6 +339,7 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
         pb::SyncFrame {
             frame: Some(pb::sync_frame::Frame::Marks(pb::Marks {
                 marks: vec![stolen, about_self, altered],
+                ..Default::default()
             })),
         },
         pb::SyncFrame { frame: None },
@@ -364,6 +365,7 @@ async fn malformed_forged_and_oversized_frames_are_dropped_and_counted() {
         .send(pb::SyncFrame {
             frame: Some(pb::sync_frame::Frame::Marks(pb::Marks {
                 marks: vec![huge],
+                ..Default::default()
             })),
         })
         .await;

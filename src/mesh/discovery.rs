@@ -246,7 +246,7 @@ impl Mesh {
         let mut client = pb::mesh_client::MeshClient::new(channel)
             .max_decoding_message_size(self.cfg.max_frame_bytes)
             .max_encoding_message_size(self.cfg.max_frame_bytes);
-        let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
+        let (tx, rx) = mpsc::channel::<pb::SyncFrame>(super::links::LINK_QUEUE);
         let hello = self.hello();
         let _ = tx.try_send(pb::SyncFrame {
             frame: Some(pb::sync_frame::Frame::Hello(hello)),

@@ -9,8 +9,24 @@
 //! * our own newest mark, every heartbeat (the direct detection bound);
 //! * every change that matters at once: a runtime the other end lacks, a new
 //!   instance (restart), a leave;
-//! * newer beats of other runtimes only when the other end's copy is at
-//!   least `relay_after` old, most stale first, at most `budget` per frame.
+//! * newer beats of other runtimes, at most `budget` per frame, by one of
+//!   two rules, chosen per link by the other end's hello (`Hello.gossip`):
+//!   - **relay trees** (both ends speak them): each runtime subscribes, on
+//!     each link, to the runtimes whose copy that link brought it — the link
+//!     is their fastest path here ([`super::table::Known::via`]). A
+//!     subscribed runtime's beat goes as soon as our copy is `eager_gain`
+//!     fresher than the other end's (every second beat at the defaults), so
+//!     each beat flows down one tree per runtime and reaches every runtime
+//!     about once, instead of once per link. Fresh beats a link brings are
+//!     relayed on the others within a quarter heartbeat ([`Outbox::relay`]),
+//!     not at the next heartbeat. Nothing else is refreshed by age: a copy
+//!     that grows `fallback_after` old anyway is asked for on every link
+//!     (`Marks.want`), which repairs a tree whose link broke (the answer
+//!     re-subscribes on its link) and brings a killed runtime's last beat,
+//!     which the eager gain may skip;
+//!   - **per-link refresh** (an older sidecar at the other end): every
+//!     runtime goes once the other end's copy is `relay_after` old, most
+//!     stale first.
 //!
 //! A relayed runtime's public key, address and labels travel once per link
 //! (and again when they change, or every `identity_refresh` in case the
@@ -31,10 +47,20 @@
 //! `T − heartbeat + expiry` for the same reason. `relay_after` only sets how
 //! old a *live* runtime's copy gets between refreshes: it must stay below
 //! `expiry / 2` (plus a heartbeat per hop), or live runtimes would show
-//! `UNREACHABLE`. `benches/mesh_sim.rs` measures both sides.
+//! `UNREACHABLE`. With trees a live runtime's copy is refreshed down its
+//! tree every `eager_gain` (rounded up to whole beats) plus at most a
+//! quarter heartbeat per hop; the last beat of a killed runtime may be
+//! skipped by the eager gain, but every copy `fallback_after` old is asked
+//! for on every link each heartbeat, and an ask stays open at the other end
+//! for two heartbeats, answered as soon as a fresher copy arrives there: the
+//! last beat then spreads at a quarter heartbeat per hop, from
+//! `fallback_after` (0.3 expiry) on, long before any copy expires (the
+//! lower bound); the upper bound is `seen_at` again. A tree link that
+//! breaks is repaired the same way: the answer re-subscribes on its link.
+//! `benches/mesh_sim.rs` measures both sides.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
@@ -55,7 +81,25 @@ pub struct GossipConfig {
     /// the other end's copy: the other end drops a smaller gain unchecked
     /// (the table's `min_gain`), so sending it would waste the budget.
     pub min_gain: Duration,
+    /// Relay trees: a runtime the other end subscribed to goes as soon as
+    /// our copy is this much fresher than its copy (whatever its age)...
+    pub eager_gain: Duration,
+    /// ...and a copy of ours this old is asked for on every link, each
+    /// heartbeat until a fresher one comes (the fallback that repairs a
+    /// tree, and brings a killed runtime's last beat).
+    pub fallback_after: Duration,
 }
+
+/// How long (in heartbeats) an ask of the other end stays open: it asks
+/// again each heartbeat while it still needs a copy.
+const WANT_KEPT_HB: u32 = 2;
+
+/// Most runtimes a link keeps as subscribed or asked for by the other end
+/// (against a flood of names; far above any view).
+const MAX_NAMES_PER_LINK: usize = 1 << 16;
+
+/// The relay rules this build speaks (`Hello.gossip`): relay trees.
+pub const GOSSIP_TREES: u32 = 2;
 
 impl GossipConfig {
     /// The defaults: relayed beats due once the other end's copy is a
@@ -69,6 +113,8 @@ impl GossipConfig {
             relay_after: (expiry / 4).max(heartbeat),
             identity_refresh: heartbeat * 60,
             min_gain: heartbeat / 2,
+            eager_gain: (expiry / 8).clamp(heartbeat / 2, heartbeat * 3 / 2),
+            fallback_after: (expiry * 3 / 10).max(heartbeat * 3 / 2),
         }
     }
 }
@@ -97,6 +143,27 @@ pub struct Outbox {
     held: HashMap<String, Held>,
     identities_since: Instant,
     frames: u64,
+    /// The other end speaks relay trees (its hello said so).
+    trees: bool,
+    /// Runtimes the other end subscribed to on this link.
+    eager: HashSet<String>,
+    /// Runtimes we told the other end we subscribe to on this link.
+    subscribed: HashSet<String>,
+    /// Runtimes the other end asked for, and when: answered once each, as
+    /// soon as we hold a fresher copy, or dropped after `WANT_KEPT_HB`
+    /// heartbeats (it asks again every heartbeat while it needs one).
+    asked: HashMap<String, Instant>,
+    /// Our subscriptions must go again in full (a frame may have been lost).
+    resubscribe: bool,
+}
+
+/// Whether a frame carries nothing (and need not be sent).
+pub fn is_empty(f: &pb::Marks) -> bool {
+    f.marks.is_empty()
+        && f.subscribe.is_empty()
+        && f.unsubscribe.is_empty()
+        && f.want.is_empty()
+        && !f.subscriptions_reset
 }
 
 /// A hash of what a mark carries besides its signed facts.
@@ -125,7 +192,23 @@ impl Outbox {
             held: HashMap::new(),
             identities_since: now,
             frames: 0,
+            trees: false,
+            eager: HashSet::new(),
+            subscribed: HashSet::new(),
+            asked: HashMap::new(),
+            resubscribe: false,
         }
+    }
+
+    /// Whether the other end speaks relay trees (`Hello.gossip`).
+    pub fn with_trees(mut self, trees: bool) -> Self {
+        self.trees = trees;
+        self
+    }
+
+    /// How many runtimes the other end subscribed to on this link.
+    pub fn eager_len(&self) -> usize {
+        self.eager.len()
     }
 
     /// The address the other end announced in its hello.
@@ -143,11 +226,36 @@ impl Outbox {
     /// next frame carries everything again.
     pub fn reset(&mut self) {
         self.held.clear();
+        if self.trees {
+            self.subscribed.clear();
+            self.resubscribe = true;
+        }
     }
 
-    /// Notes the marks the other end sent us: it holds at least those.
-    pub fn note_received(&mut self, marks: &[pb::Mark], now: Instant) {
-        for m in marks {
+    /// Notes a frame the other end sent us: it holds at least those marks,
+    /// and wants these runtimes eagerly.
+    pub fn note_received(&mut self, frame: &pb::Marks, now: Instant) {
+        if self.trees {
+            if frame.subscriptions_reset {
+                self.eager.clear();
+            }
+            for n in &frame.unsubscribe {
+                self.eager.remove(n);
+            }
+            // Names the table does not know are dropped at the next frame;
+            // until then a flood is bounded here.
+            for n in &frame.subscribe {
+                if self.eager.len() < MAX_NAMES_PER_LINK {
+                    self.eager.insert(n.clone());
+                }
+            }
+            for n in &frame.want {
+                if self.asked.len() < MAX_NAMES_PER_LINK {
+                    self.asked.insert(n.clone(), now);
+                }
+            }
+        }
+        for m in &frame.marks {
             let seen = now.checked_sub(Duration::from_millis(m.age_ms.max(0) as u64));
             let identity = if m.public_key.is_empty() {
                 None
@@ -178,10 +286,11 @@ impl Outbox {
         }
     }
 
-    /// The marks to send now. `budget` caps the relayed beats that are merely
-    /// newer (changes that matter are never held back); the first frame of a
-    /// link is not capped.
-    pub fn frame(&mut self, table: &PeerTable, now: Instant, budget: usize) -> Vec<pb::Mark> {
+    /// The frame to send now: marks and, with relay trees, changes of our
+    /// subscriptions. `budget` caps the relayed beats that are merely newer
+    /// (changes that matter are never held back); the first frame of a link
+    /// is not capped.
+    pub fn frame(&mut self, table: &PeerTable, now: Instant, budget: usize) -> pb::Marks {
         if now.saturating_duration_since(self.identities_since) >= self.cfg.identity_refresh {
             self.identities_since = now;
             for h in self.held.values_mut() {
@@ -190,11 +299,12 @@ impl Outbox {
         }
         let first = self.frames == 0;
         self.frames += 1;
-        let mut out = Vec::new();
+        let mut out = pb::Marks::default();
         if let Some((own, at)) = table.own_known() {
             let k = Known {
                 mark: own,
                 seen_at: Some(at),
+                via: None,
             };
             if self.lacks(&k) {
                 let mut m = self.take(&k, now);
@@ -206,11 +316,16 @@ impl Outbox {
                     m.address = own.address.clone();
                     m.labels = own.labels.clone();
                 }
-                out.push(m);
+                out.marks.push(m);
             }
         }
-        // (urgent, staleness of the other end's copy, node)
-        let mut due: Vec<(bool, Duration, &str)> = Vec::new();
+        // Without trees every copy is refreshed once it is `relay_after`
+        // old; with trees, a subscribed runtime by `eager_gain`, the others
+        // when asked for.
+        self.forget_old_asks(now);
+        let mut wanted: Vec<&str> = Vec::new();
+        // (urgent, eager, staleness of the other end's copy, node)
+        let mut due: Vec<(bool, bool, Duration, &str)> = Vec::new();
         for k in table.known() {
             let echo = k.mark.node == self.peer
                 && self
@@ -224,8 +339,19 @@ impl Outbox {
                 // Its own node beating from another address: a copied node
                 // key, which it must hear of at once (every frame: whether
                 // it "lacks" it cannot be told from its own beats).
-                due.push((true, Duration::MAX, &k.mark.node));
+                due.push((true, false, Duration::MAX, &k.mark.node));
                 continue;
+            }
+            if self.trees && !k.mark.left {
+                if k.via == Some(self.peer.as_str()) {
+                    wanted.push(&k.mark.node);
+                }
+                let age = k
+                    .seen_at
+                    .map_or(Duration::ZERO, |s| now.saturating_duration_since(s));
+                if age >= self.cfg.fallback_after && age < self.cfg.expiry {
+                    out.want.push(k.mark.node.clone());
+                }
             }
             if !self.lacks(&k) {
                 continue;
@@ -235,24 +361,32 @@ impl Outbox {
                     let stale = h
                         .seen_at
                         .map_or(Duration::MAX, |s| now.saturating_duration_since(s));
-                    // Our copy must be worth it: the other end's is at
-                    // least as fresh as we know, and takes only a gain of
-                    // `min_gain` or more.
+                    // How much fresher our copy is than the other end's:
+                    // it takes only a gain of `min_gain` or more.
                     let gain = match (k.seen_at, h.seen_at) {
-                        (Some(ours), Some(theirs)) => ours >= theirs + self.cfg.min_gain,
-                        (Some(_), None) => true,
-                        (None, _) => false,
+                        (Some(ours), Some(theirs)) => ours.saturating_duration_since(theirs),
+                        (Some(_), None) => Duration::MAX,
+                        (None, _) => continue,
                     };
-                    if gain && (first || stale >= self.cfg.relay_after) {
-                        due.push((false, stale, &k.mark.node));
+                    if gain < self.cfg.min_gain {
+                        continue;
+                    }
+                    let go = if self.trees {
+                        (gain >= self.cfg.eager_gain && self.eager.contains(&k.mark.node))
+                            || self.asked.contains_key(&k.mark.node)
+                    } else {
+                        stale >= self.cfg.relay_after
+                    };
+                    if go || first {
+                        due.push((false, go, stale, &k.mark.node));
                     }
                 }
-                _ => due.push((true, Duration::MAX, &k.mark.node)),
+                _ => due.push((true, false, Duration::MAX, &k.mark.node)),
             }
         }
         due.sort_by(|a, b| b.cmp(a));
         let mut relayed = 0usize;
-        for (urgent, _, node) in due {
+        for (urgent, _, _, node) in due {
             if !urgent && !first {
                 if relayed >= budget {
                     continue;
@@ -260,15 +394,112 @@ impl Outbox {
                 relayed += 1;
             }
             if let Some(k) = table.known_of(node) {
-                out.push(self.take(&k, now));
+                let m = self.take(&k, now);
+                self.asked.remove(node);
+                out.marks.push(m);
             }
+        }
+        if self.trees {
+            self.subscriptions(wanted, &mut out);
         }
         if self.held.len() > 2 * table.len() + 16 {
             let peer = self.peer.clone();
             self.held
                 .retain(|n, _| table.known_of(n).is_some() || *n == peer);
         }
+        if self.eager.len() > table.len() + 16 {
+            self.eager.retain(|n| table.known_of(n).is_some());
+        }
         out
+    }
+
+    /// Between heartbeats, as soon as a frame came in on any link: the
+    /// runtimes just taken (`taken`) that the other end subscribed to, if
+    /// `eager_gain` fresher than its copy, and the answers to what it asked
+    /// for. It looks at those runtimes only, so a beat goes down its tree at
+    /// the speed of the network instead of a heartbeat per hop. Nothing
+    /// without trees (the heartbeat's [`Outbox::frame`] does it all).
+    pub fn relay(&mut self, table: &PeerTable, now: Instant, taken: &[String]) -> pb::Marks {
+        let mut out = pb::Marks::default();
+        if !self.trees || self.frames == 0 {
+            return out;
+        }
+        self.forget_old_asks(now);
+        let asked = taken
+            .iter()
+            .filter(|n| self.eager.contains(*n))
+            .map(|n| (n, self.cfg.eager_gain))
+            .chain(self.asked.keys().map(|n| (n, self.cfg.min_gain)));
+        let mut go = Vec::new();
+        for (node, needed) in asked {
+            if *node == self.peer {
+                continue;
+            }
+            let Some(k) = table.known_of(node) else {
+                continue;
+            };
+            if !table.relay_worthy(&k, now) || !self.lacks(&k) {
+                continue;
+            }
+            if let Some(h) = self.held.get(node) {
+                if h.instance == k.mark.instance && !k.mark.left {
+                    let gain = match (k.seen_at, h.seen_at) {
+                        (Some(ours), Some(theirs)) => ours.saturating_duration_since(theirs),
+                        (Some(_), None) => Duration::MAX,
+                        (None, _) => continue,
+                    };
+                    if gain < needed {
+                        continue;
+                    }
+                }
+            }
+            go.push(node.clone());
+        }
+        for node in go {
+            if let Some(k) = table.known_of(&node) {
+                if self.lacks(&k) {
+                    let m = self.take(&k, now);
+                    self.asked.remove(&node);
+                    out.marks.push(m);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the other end asked for something not answered yet.
+    pub fn has_asks(&self) -> bool {
+        !self.asked.is_empty()
+    }
+
+    fn forget_old_asks(&mut self, now: Instant) {
+        let kept = self.cfg.heartbeat * WANT_KEPT_HB;
+        self.asked
+            .retain(|_, at| now.saturating_duration_since(*at) < kept);
+    }
+
+    /// Subscribes on this link to the runtimes it brought us (it is their
+    /// fastest path here), and unsubscribes from the others.
+    fn subscriptions(&mut self, wanted: Vec<&str>, out: &mut pb::Marks) {
+        if self.resubscribe {
+            self.resubscribe = false;
+            self.subscribed.clear();
+            out.subscriptions_reset = true;
+        }
+        let wanted: HashSet<&str> = wanted.into_iter().collect();
+        self.subscribed.retain(|n| {
+            let keep = wanted.contains(n.as_str());
+            if !keep {
+                out.unsubscribe.push(n.clone());
+            }
+            keep
+        });
+        for n in wanted {
+            if !self.subscribed.contains(n) {
+                self.subscribed.insert(n.to_owned());
+                out.subscribe.push(n.to_owned());
+            }
+        }
     }
 
     /// Whether the other end lacks this mark (or a newer one).
@@ -370,17 +601,17 @@ mod tests {
         )
         .unwrap();
         let mut out = Outbox::new(&b.node, GossipConfig::new(HB, EXPIRY), t0);
-        let f1 = out.frame(&ta, t0, 8);
+        let f1 = out.frame(&ta, t0, 8).marks;
         assert_eq!(f1.len(), 2, "the first frame carries everything");
         assert!(f1.iter().all(|m| !m.public_key.is_empty()));
         for m in &f1 {
             tb.ingest(m, Some(&a.node), t0).unwrap();
         }
         // Nothing newer: nothing to send.
-        assert!(out.frame(&ta, t0 + ms(10), 8).is_empty());
+        assert!(out.frame(&ta, t0 + ms(10), 8).marks.is_empty());
         // Our beat rises: it goes (our own mark with our identity, always).
         beat(&mut ta, &a, 2, t0 + HB);
-        let f2 = out.frame(&ta, t0 + HB, 8);
+        let f2 = out.frame(&ta, t0 + HB, 8).marks;
         assert_eq!(f2.len(), 1);
         assert!(!f2[0].public_key.is_empty());
         assert_eq!(tb.ingest(&f2[0], Some(&a.node), t0 + HB), Ok(None));
@@ -399,8 +630,8 @@ mod tests {
             t0 + ms(1500),
         )
         .unwrap();
-        assert!(out.frame(&ta, t0 + ms(2499), 8).is_empty());
-        let f3 = out.frame(&ta, t0 + ms(2500), 8);
+        assert!(out.frame(&ta, t0 + ms(2499), 8).marks.is_empty());
+        let f3 = out.frame(&ta, t0 + ms(2500), 8).marks;
         assert_eq!(f3.len(), 1);
         assert_eq!((f3[0].node.as_str(), f3[0].beat), (c.node.as_str(), 3));
         // A relayed runtime's identity went with the first frame only.
@@ -424,7 +655,7 @@ mod tests {
             t0 + ms(61_000),
         )
         .unwrap();
-        let f4 = out.frame(&ta, t0 + ms(61_000), 8);
+        let f4 = out.frame(&ta, t0 + ms(61_000), 8).marks;
         assert!(f4.iter().any(|m| m.node == c.node));
         assert!(f4.iter().all(|m| !m.public_key.is_empty()));
     }
@@ -443,8 +674,14 @@ mod tests {
             ta.ingest(m, Some(&b.node), t0).unwrap();
         }
         let mut out = Outbox::new(&b.node, GossipConfig::new(HB, EXPIRY), t0);
-        out.note_received(&from_b, t0);
-        let f = out.frame(&ta, t0, 8);
+        out.note_received(
+            &pb::Marks {
+                marks: from_b,
+                ..Default::default()
+            },
+            t0,
+        );
+        let f = out.frame(&ta, t0, 8).marks;
         assert_eq!(f.len(), 1, "only our own mark: {f:?}");
         assert_eq!(f[0].node, a.node);
     }
@@ -465,7 +702,7 @@ mod tests {
             .unwrap();
         }
         let mut out = Outbox::new(&b.node, GossipConfig::new(HB, EXPIRY), t0);
-        assert_eq!(out.frame(&ta, t0, 1).len(), 6, "first frame: all");
+        assert_eq!(out.frame(&ta, t0, 1).marks.len(), 6, "first frame: all");
         // All six beat again; after relay_after only the budget goes.
         for (i, o) in others.iter().enumerate() {
             ta.ingest(
@@ -476,12 +713,12 @@ mod tests {
             .unwrap();
         }
         let at = t0 + ms(2500);
-        assert_eq!(out.frame(&ta, at, 2).len(), 2);
-        assert_eq!(out.frame(&ta, at, 2).len(), 2);
+        assert_eq!(out.frame(&ta, at, 2).marks.len(), 2);
+        assert_eq!(out.frame(&ta, at, 2).marks.len(), 2);
         // A leave goes at once, whatever the budget.
         let bye = sign_mark(&others[5], 3, true, "x:1", &Default::default());
         ta.ingest(&bye, Some(&others[5].node), at).unwrap();
-        let f = out.frame(&ta, at, 0);
+        let f = out.frame(&ta, at, 0).marks;
         assert_eq!(f.len(), 1);
         assert!(f[0].left);
     }
@@ -499,7 +736,7 @@ mod tests {
         )
         .unwrap();
         let mut out = Outbox::new(&b.node, GossipConfig::new(HB, EXPIRY), t0);
-        for m in out.frame(&ta, t0, 8) {
+        for m in out.frame(&ta, t0, 8).marks {
             let _ = tb.ingest(&m, Some(&a.node), t0);
         }
         // C's next beat rose only 400 ms after the copy B holds: B would drop
@@ -512,7 +749,10 @@ mod tests {
         .unwrap();
         let late = t0 + ms(3000);
         assert!(
-            out.frame(&ta, late, 8).iter().all(|m| m.node != c.node),
+            out.frame(&ta, late, 8)
+                .marks
+                .iter()
+                .all(|m| m.node != c.node),
             "a gain under min_gain went"
         );
         // What it would have met: B drops it as not newer.
@@ -529,7 +769,7 @@ mod tests {
             t0 + ms(600),
         )
         .unwrap();
-        let f = out.frame(&ta, late, 8);
+        let f = out.frame(&ta, late, 8).marks;
         let sent: Vec<_> = f.iter().filter(|m| m.node == c.node).collect();
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].beat, 3);
@@ -538,5 +778,240 @@ mod tests {
             Ok(None),
             "a gain of min_gain or more is taken"
         );
+    }
+
+    fn mark_at(t: &mut PeerTable, id: &Identity, b: u64, via: &str, at: Instant) {
+        t.ingest(
+            &sign_mark(id, b, false, "x:1", &Default::default()),
+            Some(via),
+            at,
+        )
+        .unwrap();
+    }
+
+    fn subs(f: &pb::Marks) -> (Vec<&str>, Vec<&str>) {
+        (
+            f.subscribe.iter().map(String::as_str).collect(),
+            f.unsubscribe.iter().map(String::as_str).collect(),
+        )
+    }
+
+    #[test]
+    fn a_link_subscribes_to_the_runtimes_it_brought_and_drops_those_another_brought_fresher() {
+        let [a, b, c] = three();
+        let d = Identity::ephemeral(1);
+        let t0 = Instant::now();
+        let cfg = GossipConfig::new(HB, EXPIRY);
+        let mut ta = table(&a).with_min_gain(cfg.min_gain);
+        beat(&mut ta, &a, 1, t0);
+        let mut to_b = Outbox::new(&b.node, cfg, t0).with_trees(true);
+        let mut to_d = Outbox::new(&d.node, cfg, t0).with_trees(true);
+        // B brings C: we want C from B, eagerly.
+        mark_at(&mut ta, &c, 1, &b.node, t0);
+        let f = to_b.frame(&ta, t0, 8);
+        assert_eq!(subs(&f), (vec![c.node.as_str()], vec![]));
+        assert_eq!(subs(&to_d.frame(&ta, t0, 8)), (vec![], vec![]));
+        // Told once.
+        assert_eq!(subs(&to_b.frame(&ta, t0 + ms(10), 8)), (vec![], vec![]));
+        // D brings a fresher copy of C: D is now the faster path.
+        mark_at(&mut ta, &c, 2, &d.node, t0 + HB);
+        assert_eq!(
+            subs(&to_b.frame(&ta, t0 + HB, 8)),
+            (vec![], vec![c.node.as_str()])
+        );
+        assert_eq!(
+            subs(&to_d.frame(&ta, t0 + HB, 8)),
+            (vec![c.node.as_str()], vec![])
+        );
+        // A link never subscribes to the runtime at its other end (its own
+        // mark comes every heartbeat anyway).
+        mark_at(&mut ta, &b, 1, &b.node, t0 + HB);
+        assert!(!to_b.frame(&ta, t0 + HB, 8).subscribe.contains(&b.node));
+        // A link to an older sidecar (no trees) sends no subscriptions.
+        let mut old = Outbox::new(&d.node, cfg, t0);
+        let f = old.frame(&ta, t0 + HB, 8);
+        assert!(f.subscribe.is_empty() && f.unsubscribe.is_empty() && !f.subscriptions_reset);
+    }
+
+    #[test]
+    fn a_subscribed_runtime_goes_at_the_eager_gain_the_others_only_when_asked() {
+        let [a, b, c] = three();
+        let d = Identity::ephemeral(1);
+        let t0 = Instant::now();
+        let cfg = GossipConfig::new(HB, EXPIRY);
+        assert_eq!(cfg.eager_gain, ms(1250));
+        assert_eq!(cfg.fallback_after, ms(3000));
+        let mut ta = table(&a).with_min_gain(cfg.min_gain);
+        let mut out = Outbox::new(&b.node, cfg, t0).with_trees(true);
+        mark_at(&mut ta, &c, 1, &c.node, t0);
+        mark_at(&mut ta, &d, 1, &d.node, t0);
+        let first = out.frame(&ta, t0, 8);
+        assert_eq!(first.marks.len(), 2, "the first frame carries everything");
+        // B subscribes to C (we are its fastest path to C), not to D.
+        out.note_received(
+            &pb::Marks {
+                subscribe: vec![c.node.clone()],
+                ..Default::default()
+            },
+            t0,
+        );
+        assert_eq!(out.eager_len(), 1);
+        let sent = |f: &pb::Marks| -> Vec<(String, u64)> {
+            f.marks.iter().map(|m| (m.node.clone(), m.beat)).collect()
+        };
+        // One heartbeat fresher: under the eager gain, nothing goes.
+        mark_at(&mut ta, &c, 2, &c.node, t0 + HB);
+        mark_at(&mut ta, &d, 2, &d.node, t0 + HB);
+        assert!(sent(&out.frame(&ta, t0 + HB, 8)).is_empty());
+        // Two heartbeats fresher: C goes at once, D does not, however old
+        // B's copy of it gets (B asks for it when it needs it).
+        mark_at(&mut ta, &c, 3, &c.node, t0 + 2 * HB);
+        mark_at(&mut ta, &d, 3, &d.node, t0 + 2 * HB);
+        assert_eq!(
+            sent(&out.frame(&ta, t0 + 2 * HB, 8)),
+            vec![(c.node.clone(), 3)]
+        );
+        mark_at(&mut ta, &d, 4, &d.node, t0 + 3 * HB);
+        assert!(sent(&out.frame(&ta, t0 + 5 * HB, 8)).is_empty());
+        // Asked for: D goes, once.
+        out.note_received(
+            &pb::Marks {
+                want: vec![d.node.clone()],
+                ..Default::default()
+            },
+            t0 + 5 * HB,
+        );
+        assert_eq!(
+            sent(&out.frame(&ta, t0 + 5 * HB, 8)),
+            vec![(d.node.clone(), 4)]
+        );
+        assert!(sent(&out.frame(&ta, t0 + 5 * HB, 8)).is_empty());
+        // Unsubscribed: C goes no more.
+        out.note_received(
+            &pb::Marks {
+                unsubscribe: vec![c.node.clone()],
+                ..Default::default()
+            },
+            t0 + 5 * HB,
+        );
+        mark_at(&mut ta, &c, 5, &c.node, t0 + 5 * HB);
+        assert!(sent(&out.frame(&ta, t0 + 5 * HB, 8)).is_empty());
+        // A leave goes at once on every link, subscribed or not.
+        let bye = sign_mark(&d, 6, true, "x:1", &Default::default());
+        ta.ingest(&bye, Some(&d.node), t0 + 5 * HB).unwrap();
+        let f = out.frame(&ta, t0 + 5 * HB, 0);
+        assert_eq!(f.marks.len(), 1);
+        assert!(f.marks[0].left);
+    }
+
+    #[test]
+    fn a_copy_older_than_the_fallback_is_asked_for_on_every_link_until_it_expires() {
+        let [a, b, c] = three();
+        let t0 = Instant::now();
+        let cfg = GossipConfig::new(HB, EXPIRY);
+        let mut ta = table(&a);
+        mark_at(&mut ta, &c, 1, &b.node, t0);
+        let mut out = Outbox::new(&b.node, cfg, t0).with_trees(true);
+        let mut other = Outbox::new("elsewhere", cfg, t0).with_trees(true);
+        out.frame(&ta, t0, 8);
+        other.frame(&ta, t0, 8);
+        let before = t0 + cfg.fallback_after - ms(1);
+        assert!(out.frame(&ta, before, 8).want.is_empty());
+        for o in [&mut out, &mut other] {
+            assert_eq!(
+                o.frame(&ta, t0 + cfg.fallback_after, 8).want,
+                vec![c.node.clone()]
+            );
+            assert_eq!(
+                o.frame(&ta, t0 + EXPIRY - ms(1), 8).want,
+                vec![c.node.clone()]
+            );
+            // Expired: it is dead, not late; nobody is asked any more.
+            assert!(o.frame(&ta, t0 + EXPIRY, 8).want.is_empty());
+        }
+        // An older sidecar is never asked.
+        let mut old = Outbox::new(&b.node, cfg, t0);
+        old.frame(&ta, t0, 8);
+        assert!(old.frame(&ta, t0 + cfg.fallback_after, 8).want.is_empty());
+    }
+
+    #[test]
+    fn a_lost_frame_sends_every_subscription_again_and_the_other_end_starts_over() {
+        let [a, b, c] = three();
+        let d = Identity::ephemeral(1);
+        let t0 = Instant::now();
+        let cfg = GossipConfig::new(HB, EXPIRY);
+        let mut ta = table(&a);
+        let mut out = Outbox::new(&b.node, cfg, t0).with_trees(true);
+        mark_at(&mut ta, &c, 1, &b.node, t0);
+        mark_at(&mut ta, &d, 1, &b.node, t0);
+        let mut f = out.frame(&ta, t0, 8);
+        f.subscribe.sort();
+        assert_eq!(f.subscribe.len(), 2);
+        assert!(!f.subscriptions_reset);
+        // The frame after a lost one: all of them, as a reset.
+        out.reset();
+        let g = out.frame(&ta, t0 + HB, 8);
+        assert!(g.subscriptions_reset);
+        assert_eq!(g.subscribe.len(), 2);
+        // The other end: a reset voids what it had.
+        let mut theirs = Outbox::new(&a.node, cfg, t0).with_trees(true);
+        theirs.note_received(
+            &pb::Marks {
+                subscribe: vec![c.node.clone(), "gone".into()],
+                ..Default::default()
+            },
+            t0,
+        );
+        assert_eq!(theirs.eager_len(), 2);
+        theirs.note_received(
+            &pb::Marks {
+                subscribe: vec![d.node.clone()],
+                subscriptions_reset: true,
+                ..Default::default()
+            },
+            t0,
+        );
+        assert_eq!(theirs.eager_len(), 1);
+        // A sidecar without trees ignores subscriptions.
+        let mut old = Outbox::new(&a.node, cfg, t0);
+        old.note_received(&g, t0);
+        assert_eq!(old.eager_len(), 0);
+    }
+
+    #[test]
+    fn an_ask_stays_open_until_a_fresher_copy_comes_for_two_heartbeats_at_most() {
+        let [a, b, c] = three();
+        let t0 = Instant::now();
+        let cfg = GossipConfig::new(HB, EXPIRY);
+        let mut ta = table(&a);
+        mark_at(&mut ta, &c, 1, &c.node, t0);
+        let mut out = Outbox::new(&b.node, cfg, t0).with_trees(true);
+        out.frame(&ta, t0, 8);
+        let ask = |out: &mut Outbox, at: Instant| {
+            out.note_received(
+                &pb::Marks {
+                    want: vec![c.node.clone()],
+                    ..Default::default()
+                },
+                at,
+            )
+        };
+        // B asks; we hold nothing fresher than what we sent it: nothing goes,
+        // but the ask stays open...
+        ask(&mut out, t0 + HB);
+        assert!(out.relay(&ta, t0 + HB, &[]).marks.is_empty());
+        assert!(out.has_asks());
+        // ...and the fresher beat that comes next goes at once.
+        mark_at(&mut ta, &c, 2, &c.node, t0 + ms(1500));
+        let f = out.relay(&ta, t0 + ms(1500), std::slice::from_ref(&c.node));
+        assert_eq!(f.marks.len(), 1);
+        assert_eq!(f.marks[0].beat, 2);
+        assert!(!out.has_asks(), "answered once");
+        // An ask not renewed lapses after two heartbeats.
+        ask(&mut out, t0 + 2 * HB);
+        mark_at(&mut ta, &c, 3, &c.node, t0 + 4 * HB);
+        assert!(out.relay(&ta, t0 + 4 * HB, &[]).marks.is_empty());
+        assert!(!out.has_asks());
     }
 }

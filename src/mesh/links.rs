@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::fanout;
-use super::gossip::{GossipConfig, Outbox};
+use super::gossip::{self, GossipConfig, Outbox, GOSSIP_TREES};
 use super::marks::{sign_hello, verify_hello, Refusal};
 use super::node::{clock_now, lock, Mesh};
 use crate::error::{is_frame_too_large, MeshError};
@@ -44,6 +44,25 @@ pub(super) struct RefusedLink {
 /// shared among its links: at ~110 bytes a mark without identity, about
 /// 110 KiB per heartbeat whatever the size of the mesh.
 pub const RELAY_MARKS_PER_HEARTBEAT: usize = 1024;
+
+/// Between heartbeats a link relays what the other links brought (relay
+/// trees) this many times per heartbeat: often enough that a beat crosses
+/// six hops in under two heartbeats, seldom enough that a frame carries
+/// tens of marks, checked in one signature batch.
+pub const RELAY_TICKS_PER_HB: u64 = 4;
+
+/// Sleeps until `at`, or forever if there is nothing to wait for.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Frames a link may have waiting to go out: a heartbeat's frame plus the
+/// relays between heartbeats (about one per other link). A link whose queue
+/// is full misses a frame and sends everything again in the next.
+pub(super) const LINK_QUEUE: usize = 32;
 
 /// Each link may relay at least this many per heartbeat.
 const MIN_RELAY_BUDGET: usize = 32;
@@ -203,7 +222,7 @@ impl Mesh {
         let links_up = lock(&self.links).len();
         let referral = links_up >= self.cfg.max_links.saturating_mul(2)
             && !lock(&self.chosen).contains(&hello.node);
-        let (tx, rx) = mpsc::channel::<pb::SyncFrame>(8);
+        let (tx, rx) = mpsc::channel::<pb::SyncFrame>(LINK_QUEUE);
         let _ = tx.try_send(pb::SyncFrame {
             frame: Some(pb::sync_frame::Frame::Hello(self.hello())),
         });
@@ -244,6 +263,15 @@ impl Mesh {
         // learns everything at once).
         let mut frames_due = self.frames_due.subscribe();
         let mut nudges = self.nudges.subscribe();
+        let mut taken = self.taken.subscribe();
+        // What the other links brought since the last relay tick, and the
+        // tick: fresh beats go down their trees (and what the other end
+        // asked for is answered) a quarter heartbeat at most after they
+        // arrive, not at our next beat.
+        // (Armed only while something waits: an idle link does not wake.)
+        let relay_every = self.cfg.heartbeat / RELAY_TICKS_PER_HB as u32;
+        let mut pending: HashSet<String> = HashSet::new();
+        let mut relay_at: Option<tokio::time::Instant> = None;
         let mut stop = self.stop.clone();
         let mut last_rx = now;
         let mut outbox = Outbox::new(
@@ -251,7 +279,8 @@ impl Mesh {
             GossipConfig::new(self.cfg.heartbeat, self.cfg.expiry),
             now,
         )
-        .with_peer_address(&remote.address);
+        .with_peer_address(&remote.address)
+        .with_trees(remote.gossip >= GOSSIP_TREES);
         if !self.send_frame(&tx, &mut outbox) {
             lock(&self.links).remove(&id);
             return;
@@ -274,6 +303,22 @@ impl Mesh {
                         unwanted = 0;
                     }
                 }
+                brought = taken.recv() => {
+                    // Lagged: the heartbeat's frame relays what was missed.
+                    if let Ok((link, nodes)) = brought {
+                        if link != id {
+                            pending.extend(nodes.iter().cloned());
+                            relay_at.get_or_insert_with(|| tokio::time::Instant::now() + relay_every);
+                        }
+                    }
+                }
+                _ = sleep_until_some(relay_at) => {
+                    relay_at = None;
+                    let nodes: Vec<String> = pending.drain().collect();
+                    if !self.send_relay(&tx, &mut outbox, &nodes) {
+                        break;
+                    }
+                }
                 nudge = nudges.recv() => {
                     if let Ok(n) = nudge {
                         let frame = pb::SyncFrame { frame: Some(pb::sync_frame::Frame::Nudge(n)) };
@@ -289,9 +334,15 @@ impl Mesh {
                             l.last_rx = last_rx;
                         }
                         if let Some(pb::sync_frame::Frame::Marks(m)) = &frame.frame {
-                            outbox.note_received(&m.marks, last_rx);
+                            outbox.note_received(m, last_rx);
+                            if !m.want.is_empty() {
+                                relay_at.get_or_insert_with(|| tokio::time::Instant::now() + relay_every);
+                            }
                         }
-                        self.take_frame(&remote.node, frame, last_rx);
+                        let brought = self.take_frame(&remote.node, frame, last_rx);
+                        if !brought.is_empty() {
+                            let _ = self.taken.send((id, brought.into()));
+                        }
                     }
                     Some(Err(st)) => {
                         if is_frame_too_large(&st) {
@@ -326,11 +377,33 @@ impl Mesh {
         let links = lock(&self.links).len().max(1);
         let budget = (RELAY_MARKS_PER_HEARTBEAT / links).max(MIN_RELAY_BUDGET);
         let marks = outbox.frame(&lock(&self.table), clock_now(), budget);
-        if marks.is_empty() {
+        self.send_marks(tx, outbox, marks)
+    }
+
+    /// Sends, between heartbeats, the fresh beats just `taken` that the
+    /// other end subscribed to, and the answers to what it asked for
+    /// ([`Outbox::relay`]).
+    fn send_relay(
+        &self,
+        tx: &mpsc::Sender<pb::SyncFrame>,
+        outbox: &mut Outbox,
+        taken: &[String],
+    ) -> bool {
+        let marks = outbox.relay(&lock(&self.table), clock_now(), taken);
+        self.send_marks(tx, outbox, marks)
+    }
+
+    fn send_marks(
+        &self,
+        tx: &mpsc::Sender<pb::SyncFrame>,
+        outbox: &mut Outbox,
+        marks: pb::Marks,
+    ) -> bool {
+        if gossip::is_empty(&marks) {
             return !tx.is_closed();
         }
         let frame = pb::SyncFrame {
-            frame: Some(pb::sync_frame::Frame::Marks(pb::Marks { marks })),
+            frame: Some(pb::sync_frame::Frame::Marks(marks)),
         };
         let bytes = prost::Message::encoded_len(&frame) as u64;
         match tx.try_send(frame) {
@@ -379,25 +452,28 @@ impl Mesh {
         self.sent_bytes.load(Ordering::Relaxed)
     }
 
-    fn take_frame(&self, from: &str, frame: pb::SyncFrame, now: Instant) {
+    /// Takes in one frame from `from`; returns the runtimes whose marks it
+    /// took (fresher beats, to relay down their trees).
+    fn take_frame(&self, from: &str, frame: pb::SyncFrame, now: Instant) -> Vec<String> {
         let marks = match frame.frame {
             Some(pb::sync_frame::Frame::Marks(m)) => m.marks,
-            Some(pb::sync_frame::Frame::Hello(_)) => return,
+            Some(pb::sync_frame::Frame::Hello(_)) => return Vec::new(),
             Some(pb::sync_frame::Frame::Nudge(_)) => {
                 self.wake_waiters();
-                return;
+                return Vec::new();
             }
             None => {
                 lock(&self.table).count_refusal(Refusal::Malformed);
-                return;
+                return Vec::new();
             }
         };
         let mut changes = Vec::new();
+        let mut taken = Vec::new();
         let evicted = {
             let mut table = lock(&self.table);
             if marks.len() > self.cfg.max_runtimes + 1 {
                 table.count_refusal(Refusal::TooManyRuntimes);
-                return;
+                return Vec::new();
             }
             table.touch_direct(from, now);
             let refused = lock(&self.refused);
@@ -415,6 +491,9 @@ impl Mesh {
                 );
             }
             for (m, ingested) in marks.iter().zip(outcomes) {
+                if ingested.is_ok() {
+                    taken.push(m.node.clone());
+                }
                 match ingested {
                     Ok(Some(c)) => changes.push((m.node.clone(), c)),
                     Ok(None) => {}
@@ -428,6 +507,7 @@ impl Mesh {
         };
         self.publish_evicted(evicted);
         self.publish(changes, now);
+        taken
     }
 }
 
@@ -518,8 +598,16 @@ mod tests {
         }
 
         async fn send(&self, marks: Vec<pb::Mark>) {
+            self.send_frame(pb::Marks {
+                marks,
+                ..Default::default()
+            })
+            .await;
+        }
+
+        async fn send_frame(&self, marks: pb::Marks) {
             let frame = pb::SyncFrame {
-                frame: Some(pb::sync_frame::Frame::Marks(pb::Marks { marks })),
+                frame: Some(pb::sync_frame::Frame::Marks(marks)),
             };
             self.to_us.send(Ok(frame)).await.unwrap();
         }
@@ -552,6 +640,14 @@ mod tests {
         let hello = sign_hello(&id, "127.0.0.1:2", None);
         let wire = link_with(mesh, hello, outbound, referral);
         (id, wire)
+    }
+
+    /// A link with an older sidecar: no relay trees in its hello.
+    fn old_link(mesh: &Arc<Mesh>) -> Wire {
+        let id = Identity::ephemeral(1);
+        let mut hello = sign_hello(&id, "127.0.0.1:2", None);
+        hello.gossip = 0;
+        link_with(mesh, hello, false, false)
     }
 
     /// Lets the spawned links run (no time passes).
@@ -803,7 +899,9 @@ mod tests {
                 .count(),
             100
         );
-        let (_, mut wire) = link(&f.mesh, false, false);
+        // The budget caps the per-link refresh, which an older sidecar's
+        // link uses (with relay trees nothing is refreshed by age).
+        let mut wire = old_link(&f.mesh);
         settle().await;
         let first = wire.sent();
         assert_eq!(first.len(), 1);
@@ -833,5 +931,80 @@ mod tests {
             relayed_at_next_beat(&f, &feeder, &mut wire, &others, 4).await,
             51
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_subscribed_beat_goes_on_within_a_quarter_heartbeat_and_so_does_an_answer() {
+        let f = mesh();
+        let c = Identity::ephemeral(1);
+        let d = Identity::ephemeral(1);
+        let (_, feeder) = link(&f.mesh, false, false);
+        let ids = [c, d];
+        feeder.send(marks(&ids, 1)).await;
+        settle().await;
+        let (_, mut wire) = link(&f.mesh, false, false);
+        settle().await;
+        let first = wire.sent();
+        assert_eq!(first.len(), 1);
+        assert!(ids
+            .iter()
+            .all(|i| first[0].iter().any(|m| m.node == i.node)));
+        // The other end subscribes to C (we are its fastest path to C).
+        wire.send_frame(pb::Marks {
+            subscribe: vec![ids[0].node.clone()],
+            ..Default::default()
+        })
+        .await;
+        settle().await;
+        assert!(wire.sent().is_empty());
+        // Two heartbeats on (more than the eager gain), C and D beat again
+        // through the feeder: C goes on at once, without waiting for our
+        // beat; D (not subscribed) does not.
+        tokio::time::sleep(2 * HB).await;
+        feeder.send(marks(&ids, 3)).await;
+        settle().await;
+        assert!(wire.sent().is_empty(), "gathered for a quarter heartbeat");
+        tokio::time::sleep(HB / 4).await;
+        settle().await;
+        let frames = wire.sent();
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        let sent: Vec<(&str, u64)> = frames[0]
+            .iter()
+            .map(|m| (m.node.as_str(), m.beat))
+            .collect();
+        assert_eq!(sent, vec![(ids[0].node.as_str(), 3)]);
+        // The other end asks for D: answered at once.
+        wire.send_frame(pb::Marks {
+            want: vec![ids[1].node.clone()],
+            ..Default::default()
+        })
+        .await;
+        tokio::time::sleep(HB / 4).await;
+        settle().await;
+        let frames = wire.sent();
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        let sent: Vec<(&str, u64)> = frames[0]
+            .iter()
+            .map(|m| (m.node.as_str(), m.beat))
+            .collect();
+        assert_eq!(sent, vec![(ids[1].node.as_str(), 3)]);
+        // Only once: asked again, with nothing fresher, nothing goes.
+        wire.send_frame(pb::Marks {
+            want: vec![ids[1].node.clone()],
+            ..Default::default()
+        })
+        .await;
+        tokio::time::sleep(HB / 4).await;
+        settle().await;
+        assert!(wire.sent().is_empty());
+        // A link to an older sidecar never relays between heartbeats.
+        let mut old = old_link(&f.mesh);
+        settle().await;
+        old.sent();
+        tokio::time::sleep(2 * HB).await;
+        feeder.send(marks(&ids, 5)).await;
+        tokio::time::sleep(HB / 4).await;
+        settle().await;
+        assert!(old.sent().is_empty());
     }
 }

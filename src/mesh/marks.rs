@@ -133,6 +133,7 @@ pub fn sign_hello(id: &Identity, address: &str, secret: Option<&str>) -> pb::Hel
         address: address.to_owned(),
         mesh_secret: secret.unwrap_or_default().to_owned(),
         store_identity: String::new(),
+        gossip: super::gossip::GOSSIP_TREES,
     }
 }
 

@@ -110,6 +110,9 @@ pub struct Mesh {
     /// Bumped when our beat rises (and for the leave mark): every link sends
     /// its frame then.
     pub(super) frames_due: watch::Sender<u64>,
+    /// The runtimes whose fresher beats a link just brought: every link
+    /// relays those its other end subscribed to at once (relay trees).
+    pub(super) taken: broadcast::Sender<(u64, Arc<[String]>)>,
     pub(super) dialing: Mutex<HashSet<String>>,
     /// Configured peer addresses (`--peer`, DNS) whose last dial failed, with
     /// the error: shown by `ListPeers` and counted as unreachable links.
@@ -138,7 +141,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The relay budget lives with the links; named here too for `benches/`.
-pub use super::links::RELAY_MARKS_PER_HEARTBEAT;
+pub use super::links::{RELAY_MARKS_PER_HEARTBEAT, RELAY_TICKS_PER_HB};
 
 impl Mesh {
     /// Starts the mesh tasks. They stop when `stop` turns true. The mesh bumps
@@ -186,6 +189,7 @@ impl Mesh {
         let (events, _) = broadcast::channel(1024);
         let (frames_due, _) = watch::channel(0u64);
         let (nudges, _) = broadcast::channel(256);
+        let (taken, _) = broadcast::channel(256);
         let mut self_addrs = HashSet::new();
         self_addrs.insert(cfg.advertise.clone());
         Mesh {
@@ -201,6 +205,7 @@ impl Mesh {
             chosen: Mutex::new(HashSet::new()),
             sent_bytes: AtomicU64::new(0),
             frames_due,
+            taken,
             dialing: Mutex::new(HashSet::new()),
             unreachable: Mutex::new(HashMap::new()),
             self_addrs: Mutex::new(self_addrs),

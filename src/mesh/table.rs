@@ -88,6 +88,10 @@ struct Entry {
     relayed_rx: Option<Instant>,
     /// When its signed leave was taken in.
     left_at: Option<Instant>,
+    /// The link (the node at its other end) that brought the copy we hold;
+    /// `None` if restored from disk. A link asks for eager relay of the
+    /// runtimes it brought ([`super::gossip`]).
+    via: Option<String>,
     /// Its public key, decoded and proven to hash to the node, for the
     /// next mark's check.
     key: Option<VerifyingKey>,
@@ -114,6 +118,8 @@ pub struct Known<'a> {
     pub mark: &'a pb::Mark,
     /// When its newest beat rose, on our clock (`None`: restored, not fresh).
     pub seen_at: Option<Instant>,
+    /// The link that brought that beat (`None`: restored, or our own).
+    pub via: Option<&'a str>,
 }
 
 /// Tunables of the table.
@@ -200,6 +206,7 @@ impl PeerTable {
         self.peers.values().map(|e| Known {
             mark: &e.mark,
             seen_at: e.seen_at,
+            via: e.via.as_deref(),
         })
     }
 
@@ -208,6 +215,7 @@ impl PeerTable {
         self.peers.get(node).map(|e| Known {
             mark: &e.mark,
             seen_at: e.seen_at,
+            via: e.via.as_deref(),
         })
     }
 
@@ -278,6 +286,7 @@ impl PeerTable {
                 direct_rx: None,
                 relayed_rx: None,
                 left_at: None,
+                via: None,
                 key: Some(key),
             },
         );
@@ -480,6 +489,7 @@ impl PeerTable {
                     direct_rx: direct.then_some(now),
                     relayed_rx: (!direct).then_some(now),
                     left_at: mark.left.then_some(now),
+                    via: from.map(str::to_owned),
                     key: Some(key),
                 };
                 e.reported = state_of(&e, now, expiry);
@@ -501,6 +511,9 @@ impl PeerTable {
                 }
                 e.mark = mark.clone();
                 e.key = Some(key);
+                if e.via.as_deref() != from {
+                    e.via = from.map(str::to_owned);
+                }
                 if direct {
                     e.direct_rx = Some(now);
                 } else {

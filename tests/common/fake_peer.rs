@@ -120,7 +120,7 @@ pub async fn live(
             _ = every.tick(), if sent < beats => {
                 sent += 1;
                 let m = sign_mark(id, sent, false, address, &labels);
-                let f = frame(pb::sync_frame::Frame::Marks(pb::Marks { marks: vec![m] }));
+                let f = frame(pb::sync_frame::Frame::Marks(pb::Marks { marks: vec![m], ..Default::default() }));
                 if tx.send(f).await.is_err() {
                     return Err(FakeError::Closed { after_beats: sent });
                 }

@@ -159,7 +159,7 @@ class Mark(_message.Message):
     def __init__(self, node: _Optional[str] = ..., instance: _Optional[int] = ..., beat: _Optional[int] = ..., signature: _Optional[bytes] = ..., public_key: _Optional[bytes] = ..., address: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., age_ms: _Optional[int] = ..., left: _Optional[bool] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "instance", "public_key", "proof", "nonce", "address", "mesh_secret", "store_identity")
+    __slots__ = ("node", "instance", "public_key", "proof", "nonce", "address", "mesh_secret", "store_identity", "gossip")
     NODE_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class Hello(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MESH_SECRET_FIELD_NUMBER: _ClassVar[int]
     STORE_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_FIELD_NUMBER: _ClassVar[int]
     node: str
     instance: int
     public_key: bytes
@@ -176,7 +177,8 @@ class Hello(_message.Message):
     address: str
     mesh_secret: str
     store_identity: str
-    def __init__(self, node: _Optional[str] = ..., instance: _Optional[int] = ..., public_key: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., address: _Optional[str] = ..., mesh_secret: _Optional[str] = ..., store_identity: _Optional[str] = ...) -> None: ...
+    gossip: int
+    def __init__(self, node: _Optional[str] = ..., instance: _Optional[int] = ..., public_key: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., address: _Optional[str] = ..., mesh_secret: _Optional[str] = ..., store_identity: _Optional[str] = ..., gossip: _Optional[int] = ...) -> None: ...
 
 class SyncFrame(_message.Message):
     __slots__ = ("hello", "marks", "nudge")
@@ -203,7 +205,15 @@ class RunRef(_message.Message):
     def __init__(self, job: _Optional[str] = ..., slot_ms: _Optional[int] = ...) -> None: ...
 
 class Marks(_message.Message):
-    __slots__ = ("marks",)
+    __slots__ = ("marks", "subscribe", "unsubscribe", "subscriptions_reset", "want")
     MARKS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_RESET_FIELD_NUMBER: _ClassVar[int]
+    WANT_FIELD_NUMBER: _ClassVar[int]
     marks: _containers.RepeatedCompositeFieldContainer[Mark]
-    def __init__(self, marks: _Optional[_Iterable[_Union[Mark, _Mapping]]] = ...) -> None: ...
+    subscribe: _containers.RepeatedScalarFieldContainer[str]
+    unsubscribe: _containers.RepeatedScalarFieldContainer[str]
+    subscriptions_reset: bool
+    want: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, marks: _Optional[_Iterable[_Union[Mark, _Mapping]]] = ..., subscribe: _Optional[_Iterable[str]] = ..., unsubscribe: _Optional[_Iterable[str]] = ..., subscriptions_reset: _Optional[bool] = ..., want: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -274,6 +274,24 @@ private static final long serialVersionUID = 0L;
     }
   }
 
+  public static final int GOSSIP_FIELD_NUMBER = 9;
+  private int gossip_ = 0;
+  /**
+   * <pre>
+   * The relay rules the sender understands. 0: every link refreshes every
+   * relayed runtime on its own (`Marks` without subscriptions). 2: relay
+   * trees (`Marks.subscribe`): a link refreshes eagerly only the runtimes
+   * the other end subscribed to, the others only as a fallback.
+   * </pre>
+   *
+   * <code>uint32 gossip = 9;</code>
+   * @return The gossip.
+   */
+  @java.lang.Override
+  public int getGossip() {
+    return gossip_;
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -312,6 +330,9 @@ private static final long serialVersionUID = 0L;
     if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(storeIdentity_)) {
       com.google.protobuf.GeneratedMessageV3.writeString(output, 8, storeIdentity_);
     }
+    if (gossip_ != 0) {
+      output.writeUInt32(9, gossip_);
+    }
     getUnknownFields().writeTo(output);
   }
 
@@ -349,6 +370,10 @@ private static final long serialVersionUID = 0L;
     if (!com.google.protobuf.GeneratedMessageV3.isStringEmpty(storeIdentity_)) {
       size += com.google.protobuf.GeneratedMessageV3.computeStringSize(8, storeIdentity_);
     }
+    if (gossip_ != 0) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeUInt32Size(9, gossip_);
+    }
     size += getUnknownFields().getSerializedSize();
     memoizedSize = size;
     return size;
@@ -380,6 +405,8 @@ private static final long serialVersionUID = 0L;
         .equals(other.getMeshSecret())) return false;
     if (!getStoreIdentity()
         .equals(other.getStoreIdentity())) return false;
+    if (getGossip()
+        != other.getGossip()) return false;
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -408,6 +435,8 @@ private static final long serialVersionUID = 0L;
     hash = (53 * hash) + getMeshSecret().hashCode();
     hash = (37 * hash) + STORE_IDENTITY_FIELD_NUMBER;
     hash = (53 * hash) + getStoreIdentity().hashCode();
+    hash = (37 * hash) + GOSSIP_FIELD_NUMBER;
+    hash = (53 * hash) + getGossip();
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
     return hash;
@@ -545,6 +574,7 @@ private static final long serialVersionUID = 0L;
       address_ = "";
       meshSecret_ = "";
       storeIdentity_ = "";
+      gossip_ = 0;
       return this;
     }
 
@@ -601,6 +631,9 @@ private static final long serialVersionUID = 0L;
       }
       if (((from_bitField0_ & 0x00000080) != 0)) {
         result.storeIdentity_ = storeIdentity_;
+      }
+      if (((from_bitField0_ & 0x00000100) != 0)) {
+        result.gossip_ = gossip_;
       }
     }
 
@@ -680,6 +713,9 @@ private static final long serialVersionUID = 0L;
         bitField0_ |= 0x00000080;
         onChanged();
       }
+      if (other.getGossip() != 0) {
+        setGossip(other.getGossip());
+      }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
       return this;
@@ -746,6 +782,11 @@ private static final long serialVersionUID = 0L;
               bitField0_ |= 0x00000080;
               break;
             } // case 66
+            case 72: {
+              gossip_ = input.readUInt32();
+              bitField0_ |= 0x00000100;
+              break;
+            } // case 72
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -1237,6 +1278,59 @@ private static final long serialVersionUID = 0L;
       checkByteStringIsUtf8(value);
       storeIdentity_ = value;
       bitField0_ |= 0x00000080;
+      onChanged();
+      return this;
+    }
+
+    private int gossip_ ;
+    /**
+     * <pre>
+     * The relay rules the sender understands. 0: every link refreshes every
+     * relayed runtime on its own (`Marks` without subscriptions). 2: relay
+     * trees (`Marks.subscribe`): a link refreshes eagerly only the runtimes
+     * the other end subscribed to, the others only as a fallback.
+     * </pre>
+     *
+     * <code>uint32 gossip = 9;</code>
+     * @return The gossip.
+     */
+    @java.lang.Override
+    public int getGossip() {
+      return gossip_;
+    }
+    /**
+     * <pre>
+     * The relay rules the sender understands. 0: every link refreshes every
+     * relayed runtime on its own (`Marks` without subscriptions). 2: relay
+     * trees (`Marks.subscribe`): a link refreshes eagerly only the runtimes
+     * the other end subscribed to, the others only as a fallback.
+     * </pre>
+     *
+     * <code>uint32 gossip = 9;</code>
+     * @param value The gossip to set.
+     * @return This builder for chaining.
+     */
+    public Builder setGossip(int value) {
+      
+      gossip_ = value;
+      bitField0_ |= 0x00000100;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * The relay rules the sender understands. 0: every link refreshes every
+     * relayed runtime on its own (`Marks` without subscriptions). 2: relay
+     * trees (`Marks.subscribe`): a link refreshes eagerly only the runtimes
+     * the other end subscribed to, the others only as a fallback.
+     * </pre>
+     *
+     * <code>uint32 gossip = 9;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearGossip() {
+      bitField0_ = (bitField0_ & ~0x00000100);
+      gossip_ = 0;
       onChanged();
       return this;
     }

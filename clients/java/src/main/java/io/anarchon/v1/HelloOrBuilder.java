@@ -102,4 +102,17 @@ public interface HelloOrBuilder extends
    */
   com.google.protobuf.ByteString
       getStoreIdentityBytes();
+
+  /**
+   * <pre>
+   * The relay rules the sender understands. 0: every link refreshes every
+   * relayed runtime on its own (`Marks` without subscriptions). 2: relay
+   * trees (`Marks.subscribe`): a link refreshes eagerly only the runtimes
+   * the other end subscribed to, the others only as a fallback.
+   * </pre>
+   *
+   * <code>uint32 gossip = 9;</code>
+   * @return The gossip.
+   */
+  int getGossip();
 }

@@ -17,6 +17,9 @@ private static final long serialVersionUID = 0L;
   }
   private Marks() {
     marks_ = java.util.Collections.emptyList();
+    subscribe_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+    unsubscribe_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+    want_ = com.google.protobuf.LazyStringArrayList.EMPTY;
   }
 
   @java.lang.Override
@@ -85,6 +88,194 @@ private static final long serialVersionUID = 0L;
     return marks_.get(index);
   }
 
+  public static final int SUBSCRIBE_FIELD_NUMBER = 2;
+  @SuppressWarnings("serial")
+  private com.google.protobuf.LazyStringList subscribe_;
+  /**
+   * <pre>
+   * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+   * the runtimes (nodes) whose fresh beats the sender wants from this link
+   * eagerly, because this link brought it its freshest copy of them...
+   * </pre>
+   *
+   * <code>repeated string subscribe = 2;</code>
+   * @return A list containing the subscribe.
+   */
+  public com.google.protobuf.ProtocolStringList
+      getSubscribeList() {
+    return subscribe_;
+  }
+  /**
+   * <pre>
+   * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+   * the runtimes (nodes) whose fresh beats the sender wants from this link
+   * eagerly, because this link brought it its freshest copy of them...
+   * </pre>
+   *
+   * <code>repeated string subscribe = 2;</code>
+   * @return The count of subscribe.
+   */
+  public int getSubscribeCount() {
+    return subscribe_.size();
+  }
+  /**
+   * <pre>
+   * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+   * the runtimes (nodes) whose fresh beats the sender wants from this link
+   * eagerly, because this link brought it its freshest copy of them...
+   * </pre>
+   *
+   * <code>repeated string subscribe = 2;</code>
+   * @param index The index of the element to return.
+   * @return The subscribe at the given index.
+   */
+  public java.lang.String getSubscribe(int index) {
+    return subscribe_.get(index);
+  }
+  /**
+   * <pre>
+   * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+   * the runtimes (nodes) whose fresh beats the sender wants from this link
+   * eagerly, because this link brought it its freshest copy of them...
+   * </pre>
+   *
+   * <code>repeated string subscribe = 2;</code>
+   * @param index The index of the value to return.
+   * @return The bytes of the subscribe at the given index.
+   */
+  public com.google.protobuf.ByteString
+      getSubscribeBytes(int index) {
+    return subscribe_.getByteString(index);
+  }
+
+  public static final int UNSUBSCRIBE_FIELD_NUMBER = 3;
+  @SuppressWarnings("serial")
+  private com.google.protobuf.LazyStringList unsubscribe_;
+  /**
+   * <pre>
+   * ...and those it no longer wants eagerly (another link is faster).
+   * </pre>
+   *
+   * <code>repeated string unsubscribe = 3;</code>
+   * @return A list containing the unsubscribe.
+   */
+  public com.google.protobuf.ProtocolStringList
+      getUnsubscribeList() {
+    return unsubscribe_;
+  }
+  /**
+   * <pre>
+   * ...and those it no longer wants eagerly (another link is faster).
+   * </pre>
+   *
+   * <code>repeated string unsubscribe = 3;</code>
+   * @return The count of unsubscribe.
+   */
+  public int getUnsubscribeCount() {
+    return unsubscribe_.size();
+  }
+  /**
+   * <pre>
+   * ...and those it no longer wants eagerly (another link is faster).
+   * </pre>
+   *
+   * <code>repeated string unsubscribe = 3;</code>
+   * @param index The index of the element to return.
+   * @return The unsubscribe at the given index.
+   */
+  public java.lang.String getUnsubscribe(int index) {
+    return unsubscribe_.get(index);
+  }
+  /**
+   * <pre>
+   * ...and those it no longer wants eagerly (another link is faster).
+   * </pre>
+   *
+   * <code>repeated string unsubscribe = 3;</code>
+   * @param index The index of the value to return.
+   * @return The bytes of the unsubscribe at the given index.
+   */
+  public com.google.protobuf.ByteString
+      getUnsubscribeBytes(int index) {
+    return unsubscribe_.getByteString(index);
+  }
+
+  public static final int SUBSCRIPTIONS_RESET_FIELD_NUMBER = 4;
+  private boolean subscriptionsReset_ = false;
+  /**
+   * <pre>
+   * The sender's earlier subscriptions on this link are void; `subscribe`
+   * lists all of them (sent after a frame may have been lost).
+   * </pre>
+   *
+   * <code>bool subscriptions_reset = 4;</code>
+   * @return The subscriptionsReset.
+   */
+  @java.lang.Override
+  public boolean getSubscriptionsReset() {
+    return subscriptionsReset_;
+  }
+
+  public static final int WANT_FIELD_NUMBER = 5;
+  @SuppressWarnings("serial")
+  private com.google.protobuf.LazyStringList want_;
+  /**
+   * <pre>
+   * Runtimes whose copy at the sender is getting old (its tree link broke,
+   * or the runtime died): the receiver answers once with its newest mark of
+   * each, if that is fresher than what it knows the sender holds.
+   * </pre>
+   *
+   * <code>repeated string want = 5;</code>
+   * @return A list containing the want.
+   */
+  public com.google.protobuf.ProtocolStringList
+      getWantList() {
+    return want_;
+  }
+  /**
+   * <pre>
+   * Runtimes whose copy at the sender is getting old (its tree link broke,
+   * or the runtime died): the receiver answers once with its newest mark of
+   * each, if that is fresher than what it knows the sender holds.
+   * </pre>
+   *
+   * <code>repeated string want = 5;</code>
+   * @return The count of want.
+   */
+  public int getWantCount() {
+    return want_.size();
+  }
+  /**
+   * <pre>
+   * Runtimes whose copy at the sender is getting old (its tree link broke,
+   * or the runtime died): the receiver answers once with its newest mark of
+   * each, if that is fresher than what it knows the sender holds.
+   * </pre>
+   *
+   * <code>repeated string want = 5;</code>
+   * @param index The index of the element to return.
+   * @return The want at the given index.
+   */
+  public java.lang.String getWant(int index) {
+    return want_.get(index);
+  }
+  /**
+   * <pre>
+   * Runtimes whose copy at the sender is getting old (its tree link broke,
+   * or the runtime died): the receiver answers once with its newest mark of
+   * each, if that is fresher than what it knows the sender holds.
+   * </pre>
+   *
+   * <code>repeated string want = 5;</code>
+   * @param index The index of the value to return.
+   * @return The bytes of the want at the given index.
+   */
+  public com.google.protobuf.ByteString
+      getWantBytes(int index) {
+    return want_.getByteString(index);
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -102,6 +293,18 @@ private static final long serialVersionUID = 0L;
     for (int i = 0; i < marks_.size(); i++) {
       output.writeMessage(1, marks_.get(i));
     }
+    for (int i = 0; i < subscribe_.size(); i++) {
+      com.google.protobuf.GeneratedMessageV3.writeString(output, 2, subscribe_.getRaw(i));
+    }
+    for (int i = 0; i < unsubscribe_.size(); i++) {
+      com.google.protobuf.GeneratedMessageV3.writeString(output, 3, unsubscribe_.getRaw(i));
+    }
+    if (subscriptionsReset_ != false) {
+      output.writeBool(4, subscriptionsReset_);
+    }
+    for (int i = 0; i < want_.size(); i++) {
+      com.google.protobuf.GeneratedMessageV3.writeString(output, 5, want_.getRaw(i));
+    }
     getUnknownFields().writeTo(output);
   }
 
@@ -114,6 +317,34 @@ private static final long serialVersionUID = 0L;
     for (int i = 0; i < marks_.size(); i++) {
       size += com.google.protobuf.CodedOutputStream
         .computeMessageSize(1, marks_.get(i));
+    }
+    {
+      int dataSize = 0;
+      for (int i = 0; i < subscribe_.size(); i++) {
+        dataSize += computeStringSizeNoTag(subscribe_.getRaw(i));
+      }
+      size += dataSize;
+      size += 1 * getSubscribeList().size();
+    }
+    {
+      int dataSize = 0;
+      for (int i = 0; i < unsubscribe_.size(); i++) {
+        dataSize += computeStringSizeNoTag(unsubscribe_.getRaw(i));
+      }
+      size += dataSize;
+      size += 1 * getUnsubscribeList().size();
+    }
+    if (subscriptionsReset_ != false) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeBoolSize(4, subscriptionsReset_);
+    }
+    {
+      int dataSize = 0;
+      for (int i = 0; i < want_.size(); i++) {
+        dataSize += computeStringSizeNoTag(want_.getRaw(i));
+      }
+      size += dataSize;
+      size += 1 * getWantList().size();
     }
     size += getUnknownFields().getSerializedSize();
     memoizedSize = size;
@@ -132,6 +363,14 @@ private static final long serialVersionUID = 0L;
 
     if (!getMarksList()
         .equals(other.getMarksList())) return false;
+    if (!getSubscribeList()
+        .equals(other.getSubscribeList())) return false;
+    if (!getUnsubscribeList()
+        .equals(other.getUnsubscribeList())) return false;
+    if (getSubscriptionsReset()
+        != other.getSubscriptionsReset()) return false;
+    if (!getWantList()
+        .equals(other.getWantList())) return false;
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -146,6 +385,21 @@ private static final long serialVersionUID = 0L;
     if (getMarksCount() > 0) {
       hash = (37 * hash) + MARKS_FIELD_NUMBER;
       hash = (53 * hash) + getMarksList().hashCode();
+    }
+    if (getSubscribeCount() > 0) {
+      hash = (37 * hash) + SUBSCRIBE_FIELD_NUMBER;
+      hash = (53 * hash) + getSubscribeList().hashCode();
+    }
+    if (getUnsubscribeCount() > 0) {
+      hash = (37 * hash) + UNSUBSCRIBE_FIELD_NUMBER;
+      hash = (53 * hash) + getUnsubscribeList().hashCode();
+    }
+    hash = (37 * hash) + SUBSCRIPTIONS_RESET_FIELD_NUMBER;
+    hash = (53 * hash) + com.google.protobuf.Internal.hashBoolean(
+        getSubscriptionsReset());
+    if (getWantCount() > 0) {
+      hash = (37 * hash) + WANT_FIELD_NUMBER;
+      hash = (53 * hash) + getWantList().hashCode();
     }
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
@@ -283,6 +537,13 @@ private static final long serialVersionUID = 0L;
         marksBuilder_.clear();
       }
       bitField0_ = (bitField0_ & ~0x00000001);
+      subscribe_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+      bitField0_ = (bitField0_ & ~0x00000002);
+      unsubscribe_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+      bitField0_ = (bitField0_ & ~0x00000004);
+      subscriptionsReset_ = false;
+      want_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+      bitField0_ = (bitField0_ & ~0x00000010);
       return this;
     }
 
@@ -325,10 +586,28 @@ private static final long serialVersionUID = 0L;
       } else {
         result.marks_ = marksBuilder_.build();
       }
+      if (((bitField0_ & 0x00000002) != 0)) {
+        subscribe_ = subscribe_.getUnmodifiableView();
+        bitField0_ = (bitField0_ & ~0x00000002);
+      }
+      result.subscribe_ = subscribe_;
+      if (((bitField0_ & 0x00000004) != 0)) {
+        unsubscribe_ = unsubscribe_.getUnmodifiableView();
+        bitField0_ = (bitField0_ & ~0x00000004);
+      }
+      result.unsubscribe_ = unsubscribe_;
+      if (((bitField0_ & 0x00000010) != 0)) {
+        want_ = want_.getUnmodifiableView();
+        bitField0_ = (bitField0_ & ~0x00000010);
+      }
+      result.want_ = want_;
     }
 
     private void buildPartial0(io.anarchon.v1.Marks result) {
       int from_bitField0_ = bitField0_;
+      if (((from_bitField0_ & 0x00000008) != 0)) {
+        result.subscriptionsReset_ = subscriptionsReset_;
+      }
     }
 
     @java.lang.Override
@@ -401,6 +680,39 @@ private static final long serialVersionUID = 0L;
           }
         }
       }
+      if (!other.subscribe_.isEmpty()) {
+        if (subscribe_.isEmpty()) {
+          subscribe_ = other.subscribe_;
+          bitField0_ = (bitField0_ & ~0x00000002);
+        } else {
+          ensureSubscribeIsMutable();
+          subscribe_.addAll(other.subscribe_);
+        }
+        onChanged();
+      }
+      if (!other.unsubscribe_.isEmpty()) {
+        if (unsubscribe_.isEmpty()) {
+          unsubscribe_ = other.unsubscribe_;
+          bitField0_ = (bitField0_ & ~0x00000004);
+        } else {
+          ensureUnsubscribeIsMutable();
+          unsubscribe_.addAll(other.unsubscribe_);
+        }
+        onChanged();
+      }
+      if (other.getSubscriptionsReset() != false) {
+        setSubscriptionsReset(other.getSubscriptionsReset());
+      }
+      if (!other.want_.isEmpty()) {
+        if (want_.isEmpty()) {
+          want_ = other.want_;
+          bitField0_ = (bitField0_ & ~0x00000010);
+        } else {
+          ensureWantIsMutable();
+          want_.addAll(other.want_);
+        }
+        onChanged();
+      }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
       return this;
@@ -440,6 +752,29 @@ private static final long serialVersionUID = 0L;
               }
               break;
             } // case 10
+            case 18: {
+              java.lang.String s = input.readStringRequireUtf8();
+              ensureSubscribeIsMutable();
+              subscribe_.add(s);
+              break;
+            } // case 18
+            case 26: {
+              java.lang.String s = input.readStringRequireUtf8();
+              ensureUnsubscribeIsMutable();
+              unsubscribe_.add(s);
+              break;
+            } // case 26
+            case 32: {
+              subscriptionsReset_ = input.readBool();
+              bitField0_ |= 0x00000008;
+              break;
+            } // case 32
+            case 42: {
+              java.lang.String s = input.readStringRequireUtf8();
+              ensureWantIsMutable();
+              want_.add(s);
+              break;
+            } // case 42
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -695,6 +1030,509 @@ private static final long serialVersionUID = 0L;
         marks_ = null;
       }
       return marksBuilder_;
+    }
+
+    private com.google.protobuf.LazyStringList subscribe_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+    private void ensureSubscribeIsMutable() {
+      if (!((bitField0_ & 0x00000002) != 0)) {
+        subscribe_ = new com.google.protobuf.LazyStringArrayList(subscribe_);
+        bitField0_ |= 0x00000002;
+       }
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @return A list containing the subscribe.
+     */
+    public com.google.protobuf.ProtocolStringList
+        getSubscribeList() {
+      return subscribe_.getUnmodifiableView();
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @return The count of subscribe.
+     */
+    public int getSubscribeCount() {
+      return subscribe_.size();
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @param index The index of the element to return.
+     * @return The subscribe at the given index.
+     */
+    public java.lang.String getSubscribe(int index) {
+      return subscribe_.get(index);
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @param index The index of the value to return.
+     * @return The bytes of the subscribe at the given index.
+     */
+    public com.google.protobuf.ByteString
+        getSubscribeBytes(int index) {
+      return subscribe_.getByteString(index);
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @param index The index to set the value at.
+     * @param value The subscribe to set.
+     * @return This builder for chaining.
+     */
+    public Builder setSubscribe(
+        int index, java.lang.String value) {
+      if (value == null) { throw new NullPointerException(); }
+      ensureSubscribeIsMutable();
+      subscribe_.set(index, value);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @param value The subscribe to add.
+     * @return This builder for chaining.
+     */
+    public Builder addSubscribe(
+        java.lang.String value) {
+      if (value == null) { throw new NullPointerException(); }
+      ensureSubscribeIsMutable();
+      subscribe_.add(value);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @param values The subscribe to add.
+     * @return This builder for chaining.
+     */
+    public Builder addAllSubscribe(
+        java.lang.Iterable<java.lang.String> values) {
+      ensureSubscribeIsMutable();
+      com.google.protobuf.AbstractMessageLite.Builder.addAll(
+          values, subscribe_);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearSubscribe() {
+      subscribe_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+      bitField0_ = (bitField0_ & ~0x00000002);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+     * the runtimes (nodes) whose fresh beats the sender wants from this link
+     * eagerly, because this link brought it its freshest copy of them...
+     * </pre>
+     *
+     * <code>repeated string subscribe = 2;</code>
+     * @param value The bytes of the subscribe to add.
+     * @return This builder for chaining.
+     */
+    public Builder addSubscribeBytes(
+        com.google.protobuf.ByteString value) {
+      if (value == null) { throw new NullPointerException(); }
+      checkByteStringIsUtf8(value);
+      ensureSubscribeIsMutable();
+      subscribe_.add(value);
+      onChanged();
+      return this;
+    }
+
+    private com.google.protobuf.LazyStringList unsubscribe_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+    private void ensureUnsubscribeIsMutable() {
+      if (!((bitField0_ & 0x00000004) != 0)) {
+        unsubscribe_ = new com.google.protobuf.LazyStringArrayList(unsubscribe_);
+        bitField0_ |= 0x00000004;
+       }
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @return A list containing the unsubscribe.
+     */
+    public com.google.protobuf.ProtocolStringList
+        getUnsubscribeList() {
+      return unsubscribe_.getUnmodifiableView();
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @return The count of unsubscribe.
+     */
+    public int getUnsubscribeCount() {
+      return unsubscribe_.size();
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @param index The index of the element to return.
+     * @return The unsubscribe at the given index.
+     */
+    public java.lang.String getUnsubscribe(int index) {
+      return unsubscribe_.get(index);
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @param index The index of the value to return.
+     * @return The bytes of the unsubscribe at the given index.
+     */
+    public com.google.protobuf.ByteString
+        getUnsubscribeBytes(int index) {
+      return unsubscribe_.getByteString(index);
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @param index The index to set the value at.
+     * @param value The unsubscribe to set.
+     * @return This builder for chaining.
+     */
+    public Builder setUnsubscribe(
+        int index, java.lang.String value) {
+      if (value == null) { throw new NullPointerException(); }
+      ensureUnsubscribeIsMutable();
+      unsubscribe_.set(index, value);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @param value The unsubscribe to add.
+     * @return This builder for chaining.
+     */
+    public Builder addUnsubscribe(
+        java.lang.String value) {
+      if (value == null) { throw new NullPointerException(); }
+      ensureUnsubscribeIsMutable();
+      unsubscribe_.add(value);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @param values The unsubscribe to add.
+     * @return This builder for chaining.
+     */
+    public Builder addAllUnsubscribe(
+        java.lang.Iterable<java.lang.String> values) {
+      ensureUnsubscribeIsMutable();
+      com.google.protobuf.AbstractMessageLite.Builder.addAll(
+          values, unsubscribe_);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearUnsubscribe() {
+      unsubscribe_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+      bitField0_ = (bitField0_ & ~0x00000004);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * ...and those it no longer wants eagerly (another link is faster).
+     * </pre>
+     *
+     * <code>repeated string unsubscribe = 3;</code>
+     * @param value The bytes of the unsubscribe to add.
+     * @return This builder for chaining.
+     */
+    public Builder addUnsubscribeBytes(
+        com.google.protobuf.ByteString value) {
+      if (value == null) { throw new NullPointerException(); }
+      checkByteStringIsUtf8(value);
+      ensureUnsubscribeIsMutable();
+      unsubscribe_.add(value);
+      onChanged();
+      return this;
+    }
+
+    private boolean subscriptionsReset_ ;
+    /**
+     * <pre>
+     * The sender's earlier subscriptions on this link are void; `subscribe`
+     * lists all of them (sent after a frame may have been lost).
+     * </pre>
+     *
+     * <code>bool subscriptions_reset = 4;</code>
+     * @return The subscriptionsReset.
+     */
+    @java.lang.Override
+    public boolean getSubscriptionsReset() {
+      return subscriptionsReset_;
+    }
+    /**
+     * <pre>
+     * The sender's earlier subscriptions on this link are void; `subscribe`
+     * lists all of them (sent after a frame may have been lost).
+     * </pre>
+     *
+     * <code>bool subscriptions_reset = 4;</code>
+     * @param value The subscriptionsReset to set.
+     * @return This builder for chaining.
+     */
+    public Builder setSubscriptionsReset(boolean value) {
+      
+      subscriptionsReset_ = value;
+      bitField0_ |= 0x00000008;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * The sender's earlier subscriptions on this link are void; `subscribe`
+     * lists all of them (sent after a frame may have been lost).
+     * </pre>
+     *
+     * <code>bool subscriptions_reset = 4;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearSubscriptionsReset() {
+      bitField0_ = (bitField0_ & ~0x00000008);
+      subscriptionsReset_ = false;
+      onChanged();
+      return this;
+    }
+
+    private com.google.protobuf.LazyStringList want_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+    private void ensureWantIsMutable() {
+      if (!((bitField0_ & 0x00000010) != 0)) {
+        want_ = new com.google.protobuf.LazyStringArrayList(want_);
+        bitField0_ |= 0x00000010;
+       }
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @return A list containing the want.
+     */
+    public com.google.protobuf.ProtocolStringList
+        getWantList() {
+      return want_.getUnmodifiableView();
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @return The count of want.
+     */
+    public int getWantCount() {
+      return want_.size();
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @param index The index of the element to return.
+     * @return The want at the given index.
+     */
+    public java.lang.String getWant(int index) {
+      return want_.get(index);
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @param index The index of the value to return.
+     * @return The bytes of the want at the given index.
+     */
+    public com.google.protobuf.ByteString
+        getWantBytes(int index) {
+      return want_.getByteString(index);
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @param index The index to set the value at.
+     * @param value The want to set.
+     * @return This builder for chaining.
+     */
+    public Builder setWant(
+        int index, java.lang.String value) {
+      if (value == null) { throw new NullPointerException(); }
+      ensureWantIsMutable();
+      want_.set(index, value);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @param value The want to add.
+     * @return This builder for chaining.
+     */
+    public Builder addWant(
+        java.lang.String value) {
+      if (value == null) { throw new NullPointerException(); }
+      ensureWantIsMutable();
+      want_.add(value);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @param values The want to add.
+     * @return This builder for chaining.
+     */
+    public Builder addAllWant(
+        java.lang.Iterable<java.lang.String> values) {
+      ensureWantIsMutable();
+      com.google.protobuf.AbstractMessageLite.Builder.addAll(
+          values, want_);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearWant() {
+      want_ = com.google.protobuf.LazyStringArrayList.EMPTY;
+      bitField0_ = (bitField0_ & ~0x00000010);
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Runtimes whose copy at the sender is getting old (its tree link broke,
+     * or the runtime died): the receiver answers once with its newest mark of
+     * each, if that is fresher than what it knows the sender holds.
+     * </pre>
+     *
+     * <code>repeated string want = 5;</code>
+     * @param value The bytes of the want to add.
+     * @return This builder for chaining.
+     */
+    public Builder addWantBytes(
+        com.google.protobuf.ByteString value) {
+      if (value == null) { throw new NullPointerException(); }
+      checkByteStringIsUtf8(value);
+      ensureWantIsMutable();
+      want_.add(value);
+      onChanged();
+      return this;
     }
     @java.lang.Override
     public final Builder setUnknownFields(

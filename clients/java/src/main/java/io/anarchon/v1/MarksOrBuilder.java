@@ -30,4 +30,154 @@ public interface MarksOrBuilder extends
    */
   io.anarchon.v1.MarkOrBuilder getMarksOrBuilder(
       int index);
+
+  /**
+   * <pre>
+   * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+   * the runtimes (nodes) whose fresh beats the sender wants from this link
+   * eagerly, because this link brought it its freshest copy of them...
+   * </pre>
+   *
+   * <code>repeated string subscribe = 2;</code>
+   * @return A list containing the subscribe.
+   */
+  java.util.List<java.lang.String>
+      getSubscribeList();
+  /**
+   * <pre>
+   * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+   * the runtimes (nodes) whose fresh beats the sender wants from this link
+   * eagerly, because this link brought it its freshest copy of them...
+   * </pre>
+   *
+   * <code>repeated string subscribe = 2;</code>
+   * @return The count of subscribe.
+   */
+  int getSubscribeCount();
+  /**
+   * <pre>
+   * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+   * the runtimes (nodes) whose fresh beats the sender wants from this link
+   * eagerly, because this link brought it its freshest copy of them...
+   * </pre>
+   *
+   * <code>repeated string subscribe = 2;</code>
+   * @param index The index of the element to return.
+   * @return The subscribe at the given index.
+   */
+  java.lang.String getSubscribe(int index);
+  /**
+   * <pre>
+   * Relay trees (only between sidecars whose hellos said `gossip &gt;= 2`):
+   * the runtimes (nodes) whose fresh beats the sender wants from this link
+   * eagerly, because this link brought it its freshest copy of them...
+   * </pre>
+   *
+   * <code>repeated string subscribe = 2;</code>
+   * @param index The index of the value to return.
+   * @return The bytes of the subscribe at the given index.
+   */
+  com.google.protobuf.ByteString
+      getSubscribeBytes(int index);
+
+  /**
+   * <pre>
+   * ...and those it no longer wants eagerly (another link is faster).
+   * </pre>
+   *
+   * <code>repeated string unsubscribe = 3;</code>
+   * @return A list containing the unsubscribe.
+   */
+  java.util.List<java.lang.String>
+      getUnsubscribeList();
+  /**
+   * <pre>
+   * ...and those it no longer wants eagerly (another link is faster).
+   * </pre>
+   *
+   * <code>repeated string unsubscribe = 3;</code>
+   * @return The count of unsubscribe.
+   */
+  int getUnsubscribeCount();
+  /**
+   * <pre>
+   * ...and those it no longer wants eagerly (another link is faster).
+   * </pre>
+   *
+   * <code>repeated string unsubscribe = 3;</code>
+   * @param index The index of the element to return.
+   * @return The unsubscribe at the given index.
+   */
+  java.lang.String getUnsubscribe(int index);
+  /**
+   * <pre>
+   * ...and those it no longer wants eagerly (another link is faster).
+   * </pre>
+   *
+   * <code>repeated string unsubscribe = 3;</code>
+   * @param index The index of the value to return.
+   * @return The bytes of the unsubscribe at the given index.
+   */
+  com.google.protobuf.ByteString
+      getUnsubscribeBytes(int index);
+
+  /**
+   * <pre>
+   * The sender's earlier subscriptions on this link are void; `subscribe`
+   * lists all of them (sent after a frame may have been lost).
+   * </pre>
+   *
+   * <code>bool subscriptions_reset = 4;</code>
+   * @return The subscriptionsReset.
+   */
+  boolean getSubscriptionsReset();
+
+  /**
+   * <pre>
+   * Runtimes whose copy at the sender is getting old (its tree link broke,
+   * or the runtime died): the receiver answers once with its newest mark of
+   * each, if that is fresher than what it knows the sender holds.
+   * </pre>
+   *
+   * <code>repeated string want = 5;</code>
+   * @return A list containing the want.
+   */
+  java.util.List<java.lang.String>
+      getWantList();
+  /**
+   * <pre>
+   * Runtimes whose copy at the sender is getting old (its tree link broke,
+   * or the runtime died): the receiver answers once with its newest mark of
+   * each, if that is fresher than what it knows the sender holds.
+   * </pre>
+   *
+   * <code>repeated string want = 5;</code>
+   * @return The count of want.
+   */
+  int getWantCount();
+  /**
+   * <pre>
+   * Runtimes whose copy at the sender is getting old (its tree link broke,
+   * or the runtime died): the receiver answers once with its newest mark of
+   * each, if that is fresher than what it knows the sender holds.
+   * </pre>
+   *
+   * <code>repeated string want = 5;</code>
+   * @param index The index of the element to return.
+   * @return The want at the given index.
+   */
+  java.lang.String getWant(int index);
+  /**
+   * <pre>
+   * Runtimes whose copy at the sender is getting old (its tree link broke,
+   * or the runtime died): the receiver answers once with its newest mark of
+   * each, if that is fresher than what it knows the sender holds.
+   * </pre>
+   *
+   * <code>repeated string want = 5;</code>
+   * @param index The index of the value to return.
+   * @return The bytes of the want at the given index.
+   */
+  com.google.protobuf.ByteString
+      getWantBytes(int index);
 }

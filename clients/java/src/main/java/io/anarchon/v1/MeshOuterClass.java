@@ -118,37 +118,40 @@ public final class MeshOuterClass {
       "ublic_key\030\005 \001(\014\022\017\n\007address\030\006 \001(\t\022-\n\006labe" +
       "ls\030\007 \003(\0132\035.anarchon.v1.Mark.LabelsEntry\022" +
       "\016\n\006age_ms\030\010 \001(\003\022\014\n\004left\030\t \001(\010\032-\n\013LabelsE" +
-      "ntry\022\013\n\003key\030\001 \001(\t\022\r\n\005value\030\002 \001(\t:\0028\001\"\227\001\n" +
+      "ntry\022\013\n\003key\030\001 \001(\t\022\r\n\005value\030\002 \001(\t:\0028\001\"\247\001\n" +
       "\005Hello\022\014\n\004node\030\001 \001(\t\022\020\n\010instance\030\002 \001(\004\022\022" +
       "\n\npublic_key\030\003 \001(\014\022\r\n\005proof\030\004 \001(\014\022\r\n\005non" +
       "ce\030\005 \001(\014\022\017\n\007address\030\006 \001(\t\022\023\n\013mesh_secret" +
-      "\030\007 \001(\t\022\026\n\016store_identity\030\010 \001(\t\"\203\001\n\tSyncF" +
-      "rame\022#\n\005hello\030\001 \001(\0132\022.anarchon.v1.HelloH" +
-      "\000\022#\n\005marks\030\002 \001(\0132\022.anarchon.v1.MarksH\000\022#" +
-      "\n\005nudge\030\003 \001(\0132\022.anarchon.v1.NudgeH\000B\007\n\005f" +
-      "rame\"*\n\005Nudge\022!\n\004runs\030\001 \003(\0132\023.anarchon.v" +
-      "1.RunRef\"&\n\006RunRef\022\013\n\003job\030\001 \001(\t\022\017\n\007slot_" +
-      "ms\030\002 \001(\003\")\n\005Marks\022 \n\005marks\030\001 \003(\0132\021.anarc" +
-      "hon.v1.Mark*\206\001\n\tPeerState\022\032\n\026PEER_STATE_" +
-      "UNSPECIFIED\020\000\022\024\n\020PEER_STATE_ALIVE\020\001\022\032\n\026P" +
-      "EER_STATE_UNREACHABLE\020\002\022\026\n\022PEER_STATE_EX" +
-      "PIRED\020\003\022\023\n\017PEER_STATE_LEFT\020\004*N\n\004Link\022\024\n\020" +
-      "LINK_UNSPECIFIED\020\000\022\017\n\013LINK_DIRECT\020\001\022\020\n\014L" +
-      "INK_RELAYED\020\002\022\r\n\tLINK_NONE\020\003*\374\001\n\rPeerEve" +
-      "ntKind\022\037\n\033PEER_EVENT_KIND_UNSPECIFIED\020\000\022" +
-      "\034\n\030PEER_EVENT_KIND_SNAPSHOT\020\001\022\032\n\026PEER_EV" +
-      "ENT_KIND_JOINED\020\002\022\031\n\025PEER_EVENT_KIND_ALI" +
-      "VE\020\003\022\037\n\033PEER_EVENT_KIND_UNREACHABLE\020\004\022\033\n" +
-      "\027PEER_EVENT_KIND_EXPIRED\020\005\022\035\n\031PEER_EVENT" +
-      "_KIND_RESTARTED\020\006\022\030\n\024PEER_EVENT_KIND_LEF" +
-      "T\020\0072\326\001\n\004Mesh\022F\n\nWatchPeers\022\036.anarchon.v1" +
-      ".WatchPeersRequest\032\026.anarchon.v1.PeerEve" +
-      "nt0\001\022J\n\tListPeers\022\035.anarchon.v1.ListPeer" +
-      "sRequest\032\036.anarchon.v1.ListPeersResponse" +
-      "\022:\n\004Sync\022\026.anarchon.v1.SyncFrame\032\026.anarc" +
-      "hon.v1.SyncFrame(\0010\001BQ\n\016io.anarchon.v1P\001" +
-      "Z=github.com/anarchon/anarchon/clients/g" +
-      "o/anarchonv1;anarchonv1b\006proto3"
+      "\030\007 \001(\t\022\026\n\016store_identity\030\010 \001(\t\022\016\n\006gossip" +
+      "\030\t \001(\r\"\203\001\n\tSyncFrame\022#\n\005hello\030\001 \001(\0132\022.an" +
+      "archon.v1.HelloH\000\022#\n\005marks\030\002 \001(\0132\022.anarc" +
+      "hon.v1.MarksH\000\022#\n\005nudge\030\003 \001(\0132\022.anarchon" +
+      ".v1.NudgeH\000B\007\n\005frame\"*\n\005Nudge\022!\n\004runs\030\001 " +
+      "\003(\0132\023.anarchon.v1.RunRef\"&\n\006RunRef\022\013\n\003jo" +
+      "b\030\001 \001(\t\022\017\n\007slot_ms\030\002 \001(\003\"|\n\005Marks\022 \n\005mar" +
+      "ks\030\001 \003(\0132\021.anarchon.v1.Mark\022\021\n\tsubscribe" +
+      "\030\002 \003(\t\022\023\n\013unsubscribe\030\003 \003(\t\022\033\n\023subscript" +
+      "ions_reset\030\004 \001(\010\022\014\n\004want\030\005 \003(\t*\206\001\n\tPeerS" +
+      "tate\022\032\n\026PEER_STATE_UNSPECIFIED\020\000\022\024\n\020PEER" +
+      "_STATE_ALIVE\020\001\022\032\n\026PEER_STATE_UNREACHABLE" +
+      "\020\002\022\026\n\022PEER_STATE_EXPIRED\020\003\022\023\n\017PEER_STATE" +
+      "_LEFT\020\004*N\n\004Link\022\024\n\020LINK_UNSPECIFIED\020\000\022\017\n" +
+      "\013LINK_DIRECT\020\001\022\020\n\014LINK_RELAYED\020\002\022\r\n\tLINK" +
+      "_NONE\020\003*\374\001\n\rPeerEventKind\022\037\n\033PEER_EVENT_" +
+      "KIND_UNSPECIFIED\020\000\022\034\n\030PEER_EVENT_KIND_SN" +
+      "APSHOT\020\001\022\032\n\026PEER_EVENT_KIND_JOINED\020\002\022\031\n\025" +
+      "PEER_EVENT_KIND_ALIVE\020\003\022\037\n\033PEER_EVENT_KI" +
+      "ND_UNREACHABLE\020\004\022\033\n\027PEER_EVENT_KIND_EXPI" +
+      "RED\020\005\022\035\n\031PEER_EVENT_KIND_RESTARTED\020\006\022\030\n\024" +
+      "PEER_EVENT_KIND_LEFT\020\0072\326\001\n\004Mesh\022F\n\nWatch" +
+      "Peers\022\036.anarchon.v1.WatchPeersRequest\032\026." +
+      "anarchon.v1.PeerEvent0\001\022J\n\tListPeers\022\035.a" +
+      "narchon.v1.ListPeersRequest\032\036.anarchon.v" +
+      "1.ListPeersResponse\022:\n\004Sync\022\026.anarchon.v" +
+      "1.SyncFrame\032\026.anarchon.v1.SyncFrame(\0010\001B" +
+      "Q\n\016io.anarchon.v1P\001Z=github.com/anarchon" +
+      "/anarchon/clients/go/anarchonv1;anarchon" +
+      "v1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -213,7 +216,7 @@ public final class MeshOuterClass {
     internal_static_anarchon_v1_Hello_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_Hello_descriptor,
-        new java.lang.String[] { "Node", "Instance", "PublicKey", "Proof", "Nonce", "Address", "MeshSecret", "StoreIdentity", });
+        new java.lang.String[] { "Node", "Instance", "PublicKey", "Proof", "Nonce", "Address", "MeshSecret", "StoreIdentity", "Gossip", });
     internal_static_anarchon_v1_SyncFrame_descriptor =
       getDescriptor().getMessageTypes().get(8);
     internal_static_anarchon_v1_SyncFrame_fieldAccessorTable = new
@@ -237,7 +240,7 @@ public final class MeshOuterClass {
     internal_static_anarchon_v1_Marks_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessageV3.FieldAccessorTable(
         internal_static_anarchon_v1_Marks_descriptor,
-        new java.lang.String[] { "Marks", });
+        new java.lang.String[] { "Marks", "Subscribe", "Unsubscribe", "SubscriptionsReset", "Want", });
   }
 
   // @@protoc_insertion_point(outer_class_scope)
