@@ -223,7 +223,7 @@ fn simulate(n: usize, kills: usize, full: bool) {
                 if !adj[i].contains(&j) {
                     continue;
                 }
-                let out = ob.relay(&node.table, now, &taken);
+                let out = ob.relay(&node.table, now, &taken, &[]);
                 if anarchon::mesh::gossip::is_empty(&out) {
                     continue;
                 }

@@ -419,7 +419,18 @@ impl Outbox {
     /// for. It looks at those runtimes only, so a beat goes down its tree at
     /// the speed of the network instead of a heartbeat per hop. Nothing
     /// without trees (the heartbeat's [`Outbox::frame`] does it all).
-    pub fn relay(&mut self, table: &PeerTable, now: Instant, taken: &[String]) -> pb::Marks {
+    ///
+    /// `revived` (runtimes a fresher beat brought back from `EXPIRED`) go
+    /// whether subscribed or not, if `min_gain` fresher than the other
+    /// end's copy: after a healed partition no tree carries them, and an
+    /// expired copy is asked for by nobody.
+    pub fn relay(
+        &mut self,
+        table: &PeerTable,
+        now: Instant,
+        taken: &[String],
+        revived: &[String],
+    ) -> pb::Marks {
         let mut out = pb::Marks::default();
         if !self.trees || self.frames == 0 {
             return out;
@@ -429,7 +440,8 @@ impl Outbox {
             .iter()
             .filter(|n| self.eager.contains(*n))
             .map(|n| (n, self.cfg.eager_gain))
-            .chain(self.asked.keys().map(|n| (n, self.cfg.min_gain)));
+            .chain(self.asked.keys().map(|n| (n, self.cfg.min_gain)))
+            .chain(revived.iter().map(|n| (n, self.cfg.min_gain)));
         let mut go = Vec::new();
         for (node, needed) in asked {
             if *node == self.peer {
@@ -465,6 +477,12 @@ impl Outbox {
             }
         }
         out
+    }
+
+    /// Whether a relay of these fresh beats may send anything: one of them
+    /// is subscribed, or the other end asked for something.
+    pub fn wants_any(&self, taken: &[String]) -> bool {
+        self.trees && (!self.asked.is_empty() || taken.iter().any(|n| self.eager.contains(n)))
     }
 
     /// Whether the other end asked for something not answered yet.
@@ -1000,18 +1018,45 @@ mod tests {
         // B asks; we hold nothing fresher than what we sent it: nothing goes,
         // but the ask stays open...
         ask(&mut out, t0 + HB);
-        assert!(out.relay(&ta, t0 + HB, &[]).marks.is_empty());
+        assert!(out.relay(&ta, t0 + HB, &[], &[]).marks.is_empty());
         assert!(out.has_asks());
         // ...and the fresher beat that comes next goes at once.
         mark_at(&mut ta, &c, 2, &c.node, t0 + ms(1500));
-        let f = out.relay(&ta, t0 + ms(1500), std::slice::from_ref(&c.node));
+        let f = out.relay(&ta, t0 + ms(1500), std::slice::from_ref(&c.node), &[]);
         assert_eq!(f.marks.len(), 1);
         assert_eq!(f.marks[0].beat, 2);
         assert!(!out.has_asks(), "answered once");
         // An ask not renewed lapses after two heartbeats.
         ask(&mut out, t0 + 2 * HB);
         mark_at(&mut ta, &c, 3, &c.node, t0 + 4 * HB);
-        assert!(out.relay(&ta, t0 + 4 * HB, &[]).marks.is_empty());
+        assert!(out.relay(&ta, t0 + 4 * HB, &[], &[]).marks.is_empty());
         assert!(!out.has_asks());
+    }
+
+    #[test]
+    fn a_runtime_back_from_expired_goes_on_every_link_subscribed_or_not() {
+        let [a, b, c] = three();
+        let t0 = Instant::now();
+        let cfg = GossipConfig::new(HB, EXPIRY);
+        let mut ta = table(&a);
+        mark_at(&mut ta, &c, 1, &c.node, t0);
+        let mut out = Outbox::new(&b.node, cfg, t0).with_trees(true);
+        out.frame(&ta, t0, 8);
+        // C was cut off past its expiry, then beats again (a healed
+        // partition): B never subscribed to C here, yet C goes at once.
+        let back = t0 + EXPIRY + 2 * HB;
+        ta.tick(back - HB);
+        mark_at(&mut ta, &c, 12, &c.node, back);
+        assert_eq!(ta.take_revived(), vec![c.node.clone()]);
+        assert!(out
+            .relay(&ta, back, std::slice::from_ref(&c.node), &[])
+            .marks
+            .is_empty());
+        let f = out.relay(&ta, back, &[], std::slice::from_ref(&c.node));
+        assert_eq!(f.marks.len(), 1);
+        assert_eq!(f.marks[0].beat, 12);
+        // Only back from EXPIRED: a fresher beat of a live runtime is not.
+        mark_at(&mut ta, &c, 14, &c.node, back + 2 * HB);
+        assert!(ta.take_revived().is_empty());
     }
 }

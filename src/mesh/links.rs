@@ -51,6 +51,17 @@ pub const RELAY_MARKS_PER_HEARTBEAT: usize = 1024;
 /// tens of marks, checked in one signature batch.
 pub const RELAY_TICKS_PER_HB: u64 = 4;
 
+/// What one frame brought, for the other links to relay.
+#[derive(Debug, Default)]
+pub(super) struct Brought {
+    /// Runtimes whose fresher marks were taken.
+    taken: Vec<String>,
+    /// Those of them that were `EXPIRED` here (a healed partition): passed on
+    /// on every link at once, subscribed or not, since the other ends may
+    /// hold them expired too and no tree carries them any more.
+    revived: Vec<String>,
+}
+
 /// Sleeps until `at`, or forever if there is nothing to wait for.
 async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
@@ -271,6 +282,7 @@ impl Mesh {
         // (Armed only while something waits: an idle link does not wake.)
         let relay_every = self.cfg.heartbeat / RELAY_TICKS_PER_HB as u32;
         let mut pending: HashSet<String> = HashSet::new();
+        let mut revived: HashSet<String> = HashSet::new();
         let mut relay_at: Option<tokio::time::Instant> = None;
         let mut stop = self.stop.clone();
         let mut last_rx = now;
@@ -291,6 +303,14 @@ impl Mesh {
             let expires = tokio::time::Instant::from_std(last_rx + self.cfg.expiry);
             tokio::select! {
                 _ = frames_due.changed() => {
+                    // The heartbeat's frame carries whatever a relay waits to
+                    // send (the same rules), so the relay has nothing left.
+                    relay_at = None;
+                    pending.clear();
+                    let urgent: Vec<String> = revived.drain().collect();
+                    if !urgent.is_empty() && !self.send_relay(&tx, &mut outbox, &[], &urgent) {
+                        break;
+                    }
                     if !self.send_frame(&tx, &mut outbox) { break; }
                     if self.surplus(&remote.node, outbound, referral) {
                         unwanted += 1;
@@ -305,9 +325,13 @@ impl Mesh {
                 }
                 brought = taken.recv() => {
                     // Lagged: the heartbeat's frame relays what was missed.
-                    if let Ok((link, nodes)) = brought {
-                        if link != id {
-                            pending.extend(nodes.iter().cloned());
+                    if let Ok((link, b)) = brought {
+                        // Only what the other end subscribed to, or must
+                        // hear of at once, goes between heartbeats: nothing
+                        // else arms the relay.
+                        if link != id && (outbox.wants_any(&b.taken) || !b.revived.is_empty()) {
+                            pending.extend(b.taken.iter().cloned());
+                            revived.extend(b.revived.iter().cloned());
                             relay_at.get_or_insert_with(|| tokio::time::Instant::now() + relay_every);
                         }
                     }
@@ -315,7 +339,8 @@ impl Mesh {
                 _ = sleep_until_some(relay_at) => {
                     relay_at = None;
                     let nodes: Vec<String> = pending.drain().collect();
-                    if !self.send_relay(&tx, &mut outbox, &nodes) {
+                    let urgent: Vec<String> = revived.drain().collect();
+                    if !self.send_relay(&tx, &mut outbox, &nodes, &urgent) {
                         break;
                     }
                 }
@@ -340,8 +365,8 @@ impl Mesh {
                             }
                         }
                         let brought = self.take_frame(&remote.node, frame, last_rx);
-                        if !brought.is_empty() {
-                            let _ = self.taken.send((id, brought.into()));
+                        if !brought.taken.is_empty() {
+                            let _ = self.taken.send((id, Arc::new(brought)));
                         }
                     }
                     Some(Err(st)) => {
@@ -388,8 +413,9 @@ impl Mesh {
         tx: &mpsc::Sender<pb::SyncFrame>,
         outbox: &mut Outbox,
         taken: &[String],
+        revived: &[String],
     ) -> bool {
-        let marks = outbox.relay(&lock(&self.table), clock_now(), taken);
+        let marks = outbox.relay(&lock(&self.table), clock_now(), taken, revived);
         self.send_marks(tx, outbox, marks)
     }
 
@@ -452,28 +478,30 @@ impl Mesh {
         self.sent_bytes.load(Ordering::Relaxed)
     }
 
-    /// Takes in one frame from `from`; returns the runtimes whose marks it
-    /// took (fresher beats, to relay down their trees).
-    fn take_frame(&self, from: &str, frame: pb::SyncFrame, now: Instant) -> Vec<String> {
+    /// Takes in one frame from `from`; returns what the other links relay:
+    /// the runtimes whose marks it took (fresher beats, down their trees)
+    /// and, among them, those it brought back from `EXPIRED`.
+    fn take_frame(&self, from: &str, frame: pb::SyncFrame, now: Instant) -> Brought {
         let marks = match frame.frame {
             Some(pb::sync_frame::Frame::Marks(m)) => m.marks,
-            Some(pb::sync_frame::Frame::Hello(_)) => return Vec::new(),
+            Some(pb::sync_frame::Frame::Hello(_)) => return Brought::default(),
             Some(pb::sync_frame::Frame::Nudge(_)) => {
                 self.wake_waiters();
-                return Vec::new();
+                return Brought::default();
             }
             None => {
                 lock(&self.table).count_refusal(Refusal::Malformed);
-                return Vec::new();
+                return Brought::default();
             }
         };
         let mut changes = Vec::new();
         let mut taken = Vec::new();
+        let revived;
         let evicted = {
             let mut table = lock(&self.table);
             if marks.len() > self.cfg.max_runtimes + 1 {
                 table.count_refusal(Refusal::TooManyRuntimes);
-                return Vec::new();
+                return Brought::default();
             }
             table.touch_direct(from, now);
             let refused = lock(&self.refused);
@@ -503,11 +531,12 @@ impl Mesh {
                     Err(_) => {}
                 }
             }
+            revived = table.take_revived();
             table.take_evicted()
         };
         self.publish_evicted(evicted);
         self.publish(changes, now);
-        taken
+        Brought { taken, revived }
     }
 }
 

@@ -112,7 +112,7 @@ pub struct Mesh {
     pub(super) frames_due: watch::Sender<u64>,
     /// The runtimes whose fresher beats a link just brought: every link
     /// relays those its other end subscribed to at once (relay trees).
-    pub(super) taken: broadcast::Sender<(u64, Arc<[String]>)>,
+    pub(super) taken: broadcast::Sender<(u64, Arc<super::links::Brought>)>,
     pub(super) dialing: Mutex<HashSet<String>>,
     /// Configured peer addresses (`--peer`, DNS) whose last dial failed, with
     /// the error: shown by `ListPeers` and counted as unreachable links.

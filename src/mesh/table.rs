@@ -148,6 +148,9 @@ pub struct PeerTable {
     duplicate_key: bool,
     /// Deaths reported as their entries were evicted, for the watchers.
     evicted: Vec<(Change, pb::Peer)>,
+    /// Runtimes held `EXPIRED` that a fresher beat brought back (a healed
+    /// partition), for the links to pass on at once.
+    revived: Vec<String>,
 }
 
 impl PeerTable {
@@ -165,6 +168,7 @@ impl PeerTable {
             foreign_self: None,
             duplicate_key: false,
             evicted: Vec::new(),
+            revived: Vec::new(),
         }
     }
 
@@ -530,6 +534,9 @@ impl PeerTable {
                 } else if e.reported == pb::PeerState::Left && before != pb::PeerState::Left {
                     Change::Left
                 } else if e.reported == pb::PeerState::Alive && before != pb::PeerState::Alive {
+                    if before == pb::PeerState::Expired {
+                        self.revived.push(mark.node.clone());
+                    }
                     Change::Alive
                 } else {
                     self.beats += 1;
@@ -600,6 +607,11 @@ impl PeerTable {
 
     /// The deaths reported only as their entries were evicted (see
     /// `evict_one`), for the watchers; drained.
+    /// The runtimes brought back from `EXPIRED` since the last call.
+    pub fn take_revived(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.revived)
+    }
+
     pub fn take_evicted(&mut self) -> Vec<(Change, pb::Peer)> {
         std::mem::take(&mut self.evicted)
     }
