@@ -154,6 +154,7 @@ fn simulate(n: usize, kills: usize, full: bool) {
     // mark), each runtime at its own phase.
     let relay_every = HB_MS / RELAY_TICKS_PER_HB;
     let mut pending: Vec<BTreeSet<String>> = vec![BTreeSet::new(); n];
+    let mut pending_asks: Vec<Vec<String>> = vec![Vec::new(); n];
     let relay_budget = std::env::var("MESH_SIM_BUDGET")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -218,12 +219,13 @@ fn simulate(n: usize, kills: usize, full: bool) {
             }
             let started = Instant::now();
             let taken: Vec<String> = std::mem::take(&mut pending[i]).into_iter().collect();
+            let asks = std::mem::take(&mut pending_asks[i]);
             let node = &mut nodes[i];
             for (&j, ob) in node.outboxes.iter_mut() {
                 if !adj[i].contains(&j) {
                     continue;
                 }
-                let out = ob.relay(&node.table, now, &taken, &[]);
+                let out = ob.relay(&node.table, now, &taken, &[], &asks);
                 if anarchon::mesh::gossip::is_empty(&out) {
                     continue;
                 }
@@ -321,8 +323,15 @@ fn simulate(n: usize, kills: usize, full: bool) {
         // Each runtime ticks every quarter heartbeat.
         if now_ms.is_multiple_of(HB_MS / 4) {
             let started = Instant::now();
-            for node in nodes.iter_mut().filter(|x| x.alive) {
+            for (i, node) in nodes.iter_mut().enumerate().filter(|(_, x)| x.alive) {
                 node.table.tick(now);
+                if !relay_now {
+                    continue;
+                }
+                // As the sidecar's beat loop does: copies `fallback_after`
+                // old are asked for on every link, with the next relay.
+                let asks = node.table.due_asks(now, gossip.fallback_after, hb);
+                pending_asks[i].extend(asks);
             }
             if measuring {
                 cpu += started.elapsed();

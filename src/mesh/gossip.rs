@@ -21,9 +21,10 @@
 //!     relayed on the others within a quarter heartbeat ([`Outbox::relay`]),
 //!     not at the next heartbeat. Nothing else is refreshed by age: a copy
 //!     that grows `fallback_after` old anyway is asked for on every link
-//!     (`Marks.want`), which repairs a tree whose link broke (the answer
-//!     re-subscribes on its link) and brings a killed runtime's last beat,
-//!     which the eager gain may skip;
+//!     (`Marks.want`; checked every quarter heartbeat, asked once a
+//!     heartbeat, [`PeerTable::due_asks`]), which repairs a tree whose
+//!     link broke (the answer re-subscribes on its link) and brings a
+//!     killed runtime's last beat, which the eager gain may skip;
 //!   - **per-link refresh** (an older sidecar at the other end): every
 //!     runtime goes once the other end's copy is `relay_after` old, most
 //!     stale first.
@@ -206,6 +207,11 @@ impl Outbox {
         self
     }
 
+    /// Whether the other end speaks relay trees.
+    pub fn trees(&self) -> bool {
+        self.trees
+    }
+
     /// How many runtimes the other end subscribed to on this link.
     pub fn eager_len(&self) -> usize {
         self.eager.len()
@@ -342,16 +348,8 @@ impl Outbox {
                 due.push((true, false, Duration::MAX, &k.mark.node));
                 continue;
             }
-            if self.trees && !k.mark.left {
-                if k.via == Some(self.peer.as_str()) {
-                    wanted.push(&k.mark.node);
-                }
-                let age = k
-                    .seen_at
-                    .map_or(Duration::ZERO, |s| now.saturating_duration_since(s));
-                if age >= self.cfg.fallback_after && age < self.cfg.expiry {
-                    out.want.push(k.mark.node.clone());
-                }
+            if self.trees && !k.mark.left && k.via == Some(self.peer.as_str()) {
+                wanted.push(&k.mark.node);
             }
             if !self.lacks(&k) {
                 continue;
@@ -424,17 +422,22 @@ impl Outbox {
     /// whether subscribed or not, if `min_gain` fresher than the other
     /// end's copy: after a healed partition no tree carries them, and an
     /// expired copy is asked for by nobody.
+    ///
+    /// `asks` (copies of ours `fallback_after` old, from
+    /// [`PeerTable::due_asks`]) go out as `want`.
     pub fn relay(
         &mut self,
         table: &PeerTable,
         now: Instant,
         taken: &[String],
         revived: &[String],
+        asks: &[String],
     ) -> pb::Marks {
         let mut out = pb::Marks::default();
         if !self.trees || self.frames == 0 {
             return out;
         }
+        out.want = asks.to_vec();
         self.forget_old_asks(now);
         let asked = taken
             .iter()
@@ -923,34 +926,43 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_older_than_the_fallback_is_asked_for_on_every_link_until_it_expires() {
+    fn a_copy_older_than_the_fallback_is_asked_for_once_a_heartbeat_until_it_expires() {
         let [a, b, c] = three();
+        let d = Identity::ephemeral(1);
         let t0 = Instant::now();
         let cfg = GossipConfig::new(HB, EXPIRY);
         let mut ta = table(&a);
         mark_at(&mut ta, &c, 1, &b.node, t0);
+        mark_at(&mut ta, &d, 1, &b.node, t0 + ms(500));
+        let asks = |t: &mut PeerTable, at: Instant| {
+            let mut v = t.due_asks(at, cfg.fallback_after, HB);
+            v.sort();
+            v
+        };
+        assert!(asks(&mut ta, t0 + cfg.fallback_after - ms(1)).is_empty());
+        assert_eq!(asks(&mut ta, t0 + cfg.fallback_after), vec![c.node.clone()]);
+        // Asked: not again within the heartbeat (the check runs every
+        // quarter heartbeat), then again.
+        assert!(asks(&mut ta, t0 + cfg.fallback_after + ms(250)).is_empty());
+        let mut both = vec![c.node.clone(), d.node.clone()];
+        both.sort();
+        assert_eq!(asks(&mut ta, t0 + cfg.fallback_after + HB), both);
+        // Expired: it is dead, not late; nobody is asked any more.
+        assert_eq!(asks(&mut ta, t0 + EXPIRY + ms(100)), vec![d.node.clone()]);
+        // A fresher copy ends the asking.
+        mark_at(&mut ta, &d, 9, &b.node, t0 + EXPIRY + ms(200));
+        assert!(asks(&mut ta, t0 + EXPIRY + 2 * HB).is_empty());
+        // The asks go out as `want` on every link that speaks trees, with
+        // the next relay; never to an older sidecar.
         let mut out = Outbox::new(&b.node, cfg, t0).with_trees(true);
-        let mut other = Outbox::new("elsewhere", cfg, t0).with_trees(true);
-        out.frame(&ta, t0, 8);
-        other.frame(&ta, t0, 8);
-        let before = t0 + cfg.fallback_after - ms(1);
-        assert!(out.frame(&ta, before, 8).want.is_empty());
-        for o in [&mut out, &mut other] {
-            assert_eq!(
-                o.frame(&ta, t0 + cfg.fallback_after, 8).want,
-                vec![c.node.clone()]
-            );
-            assert_eq!(
-                o.frame(&ta, t0 + EXPIRY - ms(1), 8).want,
-                vec![c.node.clone()]
-            );
-            // Expired: it is dead, not late; nobody is asked any more.
-            assert!(o.frame(&ta, t0 + EXPIRY, 8).want.is_empty());
-        }
-        // An older sidecar is never asked.
         let mut old = Outbox::new(&b.node, cfg, t0);
+        out.frame(&ta, t0, 8);
         old.frame(&ta, t0, 8);
-        assert!(old.frame(&ta, t0 + cfg.fallback_after, 8).want.is_empty());
+        let want = vec![c.node.clone()];
+        assert_eq!(out.relay(&ta, t0, &[], &[], &want).want, want);
+        assert!(old.relay(&ta, t0, &[], &[], &want).want.is_empty());
+        // The heartbeat's frame asks for nothing by itself.
+        assert!(out.frame(&ta, t0 + 5 * HB, 8).want.is_empty());
     }
 
     #[test]
@@ -1018,18 +1030,18 @@ mod tests {
         // B asks; we hold nothing fresher than what we sent it: nothing goes,
         // but the ask stays open...
         ask(&mut out, t0 + HB);
-        assert!(out.relay(&ta, t0 + HB, &[], &[]).marks.is_empty());
+        assert!(out.relay(&ta, t0 + HB, &[], &[], &[]).marks.is_empty());
         assert!(out.has_asks());
         // ...and the fresher beat that comes next goes at once.
         mark_at(&mut ta, &c, 2, &c.node, t0 + ms(1500));
-        let f = out.relay(&ta, t0 + ms(1500), std::slice::from_ref(&c.node), &[]);
+        let f = out.relay(&ta, t0 + ms(1500), std::slice::from_ref(&c.node), &[], &[]);
         assert_eq!(f.marks.len(), 1);
         assert_eq!(f.marks[0].beat, 2);
         assert!(!out.has_asks(), "answered once");
         // An ask not renewed lapses after two heartbeats.
         ask(&mut out, t0 + 2 * HB);
         mark_at(&mut ta, &c, 3, &c.node, t0 + 4 * HB);
-        assert!(out.relay(&ta, t0 + 4 * HB, &[], &[]).marks.is_empty());
+        assert!(out.relay(&ta, t0 + 4 * HB, &[], &[], &[]).marks.is_empty());
         assert!(!out.has_asks());
     }
 
@@ -1049,10 +1061,10 @@ mod tests {
         mark_at(&mut ta, &c, 12, &c.node, back);
         assert_eq!(ta.take_revived(), vec![c.node.clone()]);
         assert!(out
-            .relay(&ta, back, std::slice::from_ref(&c.node), &[])
+            .relay(&ta, back, std::slice::from_ref(&c.node), &[], &[])
             .marks
             .is_empty());
-        let f = out.relay(&ta, back, &[], std::slice::from_ref(&c.node));
+        let f = out.relay(&ta, back, &[], std::slice::from_ref(&c.node), &[]);
         assert_eq!(f.marks.len(), 1);
         assert_eq!(f.marks[0].beat, 12);
         // Only back from EXPIRED: a fresher beat of a live runtime is not.

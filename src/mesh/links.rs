@@ -55,11 +55,14 @@ pub const RELAY_TICKS_PER_HB: u64 = 4;
 #[derive(Debug, Default)]
 pub(super) struct Brought {
     /// Runtimes whose fresher marks were taken.
-    taken: Vec<String>,
+    pub(super) taken: Vec<String>,
     /// Those of them that were `EXPIRED` here (a healed partition): passed on
     /// on every link at once, subscribed or not, since the other ends may
     /// hold them expired too and no tree carries them any more.
-    revived: Vec<String>,
+    pub(super) revived: Vec<String>,
+    /// Runtimes whose copy here is `fallback_after` old: asked for on every
+    /// link (`Marks.want`; from the beat loop, not from a frame).
+    pub(super) asks: Vec<String>,
 }
 
 /// Sleeps until `at`, or forever if there is nothing to wait for.
@@ -283,6 +286,7 @@ impl Mesh {
         let relay_every = self.cfg.heartbeat / RELAY_TICKS_PER_HB as u32;
         let mut pending: HashSet<String> = HashSet::new();
         let mut revived: HashSet<String> = HashSet::new();
+        let mut asks: HashSet<String> = HashSet::new();
         let mut relay_at: Option<tokio::time::Instant> = None;
         let mut stop = self.stop.clone();
         let mut last_rx = now;
@@ -308,7 +312,9 @@ impl Mesh {
                     relay_at = None;
                     pending.clear();
                     let urgent: Vec<String> = revived.drain().collect();
-                    if !urgent.is_empty() && !self.send_relay(&tx, &mut outbox, &[], &urgent) {
+                    let ask: Vec<String> = asks.drain().collect();
+                    let waiting = !urgent.is_empty() || !ask.is_empty();
+                    if waiting && !self.send_relay(&tx, &mut outbox, &[], &urgent, &ask) {
                         break;
                     }
                     if !self.send_frame(&tx, &mut outbox) { break; }
@@ -329,9 +335,16 @@ impl Mesh {
                         // Only what the other end subscribed to, or must
                         // hear of at once, goes between heartbeats: nothing
                         // else arms the relay.
-                        if link != id && (outbox.wants_any(&b.taken) || !b.revived.is_empty()) {
+                        if link != id
+                            && (outbox.wants_any(&b.taken)
+                                || !b.revived.is_empty()
+                                || (outbox.trees() && !b.asks.is_empty()))
+                        {
                             pending.extend(b.taken.iter().cloned());
                             revived.extend(b.revived.iter().cloned());
+                            if outbox.trees() {
+                                asks.extend(b.asks.iter().cloned());
+                            }
                             relay_at.get_or_insert_with(|| tokio::time::Instant::now() + relay_every);
                         }
                     }
@@ -340,7 +353,8 @@ impl Mesh {
                     relay_at = None;
                     let nodes: Vec<String> = pending.drain().collect();
                     let urgent: Vec<String> = revived.drain().collect();
-                    if !self.send_relay(&tx, &mut outbox, &nodes, &urgent) {
+                    let ask: Vec<String> = asks.drain().collect();
+                    if !self.send_relay(&tx, &mut outbox, &nodes, &urgent, &ask) {
                         break;
                     }
                 }
@@ -414,8 +428,9 @@ impl Mesh {
         outbox: &mut Outbox,
         taken: &[String],
         revived: &[String],
+        asks: &[String],
     ) -> bool {
-        let marks = outbox.relay(&lock(&self.table), clock_now(), taken, revived);
+        let marks = outbox.relay(&lock(&self.table), clock_now(), taken, revived, asks);
         self.send_marks(tx, outbox, marks)
     }
 
@@ -536,7 +551,11 @@ impl Mesh {
         };
         self.publish_evicted(evicted);
         self.publish(changes, now);
-        Brought { taken, revived }
+        Brought {
+            taken,
+            revived,
+            asks: Vec::new(),
+        }
     }
 }
 

@@ -241,6 +241,7 @@ impl Mesh {
         let quarter = (self.cfg.heartbeat / 4).max(Duration::from_millis(10));
         let mut ticks = tokio::time::interval(quarter);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let fallback_after = GossipConfig::new(self.cfg.heartbeat, self.cfg.expiry).fallback_after;
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
@@ -250,8 +251,23 @@ impl Mesh {
                 _ = ticks.tick() => {}
             }
             let now = clock_now();
-            let changes = lock(&self.table).tick(now);
+            let (changes, asks) = {
+                let mut table = lock(&self.table);
+                let changes = table.tick(now);
+                (
+                    changes,
+                    table.due_asks(now, fallback_after, self.cfg.heartbeat),
+                )
+            };
             self.publish(changes, now);
+            if !asks.is_empty() {
+                // Link id 0 is no link: every link asks.
+                let asks = super::links::Brought {
+                    asks,
+                    ..Default::default()
+                };
+                let _ = self.taken.send((0, Arc::new(asks)));
+            }
         }
     }
 

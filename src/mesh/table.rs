@@ -88,6 +88,8 @@ struct Entry {
     relayed_rx: Option<Instant>,
     /// When its signed leave was taken in.
     left_at: Option<Instant>,
+    /// When we last asked our links for a fresher copy of it.
+    asked_at: Option<Instant>,
     /// The link (the node at its other end) that brought the copy we hold;
     /// `None` if restored from disk. A link asks for eager relay of the
     /// runtimes it brought ([`super::gossip`]).
@@ -290,6 +292,7 @@ impl PeerTable {
                 direct_rx: None,
                 relayed_rx: None,
                 left_at: None,
+                asked_at: None,
                 via: None,
                 key: Some(key),
             },
@@ -493,6 +496,7 @@ impl PeerTable {
                     direct_rx: direct.then_some(now),
                     relayed_rx: (!direct).then_some(now),
                     left_at: mark.left.then_some(now),
+                    asked_at: None,
                     via: from.map(str::to_owned),
                     key: Some(key),
                 };
@@ -607,6 +611,32 @@ impl PeerTable {
 
     /// The deaths reported only as their entries were evicted (see
     /// `evict_one`), for the watchers; drained.
+    /// The runtimes whose copy is `after` old or older but not expired, not
+    /// asked for in the last `every`: the links ask for a fresher copy of
+    /// each (relay trees, [`super::gossip`]). Marks them asked now.
+    pub fn due_asks(&mut self, now: Instant, after: Duration, every: Duration) -> Vec<String> {
+        let expiry = self.cfg.expiry;
+        let mut out = Vec::new();
+        for (node, e) in self.peers.iter_mut() {
+            if e.mark.left {
+                continue;
+            }
+            let Some(seen) = e.seen_at else { continue };
+            let age = now.saturating_duration_since(seen);
+            if age < after || age >= expiry {
+                continue;
+            }
+            if e.asked_at
+                .is_some_and(|a| now.saturating_duration_since(a) < every)
+            {
+                continue;
+            }
+            e.asked_at = Some(now);
+            out.push(node.clone());
+        }
+        out
+    }
+
     /// The runtimes brought back from `EXPIRED` since the last call.
     pub fn take_revived(&mut self) -> Vec<String> {
         std::mem::take(&mut self.revived)
