@@ -180,6 +180,16 @@ pub fn identity_hash(m: &pb::Mark) -> u64 {
     h.finish() | 1
 }
 
+/// How much fresher our copy (risen at `ours`) is than the other end's
+/// (`theirs`); `None` if ours never rose here (restored), so it is no gain.
+fn gain(ours: Option<Instant>, theirs: Option<Instant>) -> Option<Duration> {
+    match (ours, theirs) {
+        (Some(ours), Some(theirs)) => Some(ours.saturating_duration_since(theirs)),
+        (Some(_), None) => Some(Duration::MAX),
+        (None, _) => None,
+    }
+}
+
 fn age_ms(seen_at: Option<Instant>, now: Instant, expiry: Duration) -> i64 {
     seen_at
         .map_or(expiry, |s| now.saturating_duration_since(s).min(expiry))
@@ -363,10 +373,8 @@ impl Outbox {
                         .map_or(Duration::MAX, |s| now.saturating_duration_since(s));
                     // How much fresher our copy is than the other end's:
                     // it takes only a gain of `min_gain` or more.
-                    let gain = match (k.seen_at, h.seen_at) {
-                        (Some(ours), Some(theirs)) => ours.saturating_duration_since(theirs),
-                        (Some(_), None) => Duration::MAX,
-                        (None, _) => continue,
+                    let Some(gain) = gain(k.seen_at, h.seen_at) else {
+                        continue;
                     };
                     if gain < self.cfg.min_gain {
                         continue;
@@ -441,45 +449,36 @@ impl Outbox {
         }
         out.want = asks.to_vec();
         self.forget_old_asks(now);
-        let asked = taken
+        // (runtime, the gain it needs over the other end's copy)
+        let candidates: Vec<(String, Duration)> = taken
             .iter()
             .filter(|n| self.eager.contains(*n))
-            .map(|n| (n, self.cfg.eager_gain))
-            .chain(self.asked.keys().map(|n| (n, self.cfg.min_gain)))
-            .chain(revived.iter().map(|n| (n, self.cfg.min_gain)));
-        let mut go = Vec::new();
-        for (node, needed) in asked {
-            if *node == self.peer {
+            .map(|n| (n.clone(), self.cfg.eager_gain))
+            .chain(self.asked.keys().map(|n| (n.clone(), self.cfg.min_gain)))
+            .chain(revived.iter().map(|n| (n.clone(), self.cfg.min_gain)))
+            .collect();
+        for (node, needed) in candidates {
+            if node == self.peer {
                 continue;
             }
-            let Some(k) = table.known_of(node) else {
+            let Some(k) = table.known_of(&node) else {
                 continue;
             };
+            // (A runtime named twice is sent once: then it no longer lacks.)
             if !table.relay_worthy(&k, now) || !self.lacks(&k) {
                 continue;
             }
-            if let Some(h) = self.held.get(node) {
+            if let Some(h) = self.held.get(&node) {
                 if h.instance == k.mark.instance && !k.mark.left {
-                    let gain = match (k.seen_at, h.seen_at) {
-                        (Some(ours), Some(theirs)) => ours.saturating_duration_since(theirs),
-                        (Some(_), None) => Duration::MAX,
-                        (None, _) => continue,
-                    };
-                    if gain < needed {
-                        continue;
+                    match gain(k.seen_at, h.seen_at) {
+                        Some(g) if g >= needed => {}
+                        _ => continue,
                     }
                 }
             }
-            go.push(node.clone());
-        }
-        for node in go {
-            if let Some(k) = table.known_of(&node) {
-                if self.lacks(&k) {
-                    let m = self.take(&k, now);
-                    self.asked.remove(&node);
-                    out.marks.push(m);
-                }
-            }
+            let m = self.take(&k, now);
+            self.asked.remove(&node);
+            out.marks.push(m);
         }
         out
     }

@@ -335,16 +335,16 @@ impl Mesh {
                         // Only what the other end subscribed to, or must
                         // hear of at once, goes between heartbeats: nothing
                         // else arms the relay.
+                        // (A link to an older sidecar relays nothing then.)
                         if link != id
+                            && outbox.trees()
                             && (outbox.wants_any(&b.taken)
                                 || !b.revived.is_empty()
-                                || (outbox.trees() && !b.asks.is_empty()))
+                                || !b.asks.is_empty())
                         {
                             pending.extend(b.taken.iter().cloned());
                             revived.extend(b.revived.iter().cloned());
-                            if outbox.trees() {
-                                asks.extend(b.asks.iter().cloned());
-                            }
+                            asks.extend(b.asks.iter().cloned());
                             relay_at.get_or_insert_with(|| tokio::time::Instant::now() + relay_every);
                         }
                     }
@@ -981,6 +981,11 @@ mod tests {
         );
     }
 
+    /// (node, beat) of each mark of a frame.
+    fn beats(marks: &[pb::Mark]) -> Vec<(&str, u64)> {
+        marks.iter().map(|m| (m.node.as_str(), m.beat)).collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_subscribed_beat_goes_on_within_a_quarter_heartbeat_and_so_does_an_answer() {
         let f = mesh();
@@ -1016,11 +1021,7 @@ mod tests {
         settle().await;
         let frames = wire.sent();
         assert_eq!(frames.len(), 1, "{frames:?}");
-        let sent: Vec<(&str, u64)> = frames[0]
-            .iter()
-            .map(|m| (m.node.as_str(), m.beat))
-            .collect();
-        assert_eq!(sent, vec![(ids[0].node.as_str(), 3)]);
+        assert_eq!(beats(&frames[0]), vec![(ids[0].node.as_str(), 3)]);
         // The other end asks for D: answered at once.
         wire.send_frame(pb::Marks {
             want: vec![ids[1].node.clone()],
@@ -1031,11 +1032,7 @@ mod tests {
         settle().await;
         let frames = wire.sent();
         assert_eq!(frames.len(), 1, "{frames:?}");
-        let sent: Vec<(&str, u64)> = frames[0]
-            .iter()
-            .map(|m| (m.node.as_str(), m.beat))
-            .collect();
-        assert_eq!(sent, vec![(ids[1].node.as_str(), 3)]);
+        assert_eq!(beats(&frames[0]), vec![(ids[1].node.as_str(), 3)]);
         // Only once: asked again, with nothing fresher, nothing goes.
         wire.send_frame(pb::Marks {
             want: vec![ids[1].node.clone()],
