@@ -42,6 +42,8 @@ struct Node {
     phase: u64,
     alive: bool,
     outboxes: HashMap<usize, Outbox>,
+    /// When a frame last came from each runtime, in ms.
+    heard: HashMap<usize, u64>,
 }
 
 /// This process's CPU time (user + system), from `/proc/self/stat`, in
@@ -85,6 +87,7 @@ fn new_node(i: usize, cfg: TableConfig, full: bool) -> Node {
         phase: ((i as u64 * 7919) % HB_MS) / STEP_MS * STEP_MS,
         alive: true,
         outboxes: HashMap::new(),
+        heard: HashMap::new(),
     }
 }
 
@@ -295,6 +298,7 @@ fn simulate(n: usize, kills: usize, full: bool) {
             };
             let started = Instant::now();
             let node = &mut nodes[to];
+            node.heard.insert(from, now_ms);
             if !full {
                 node.outboxes
                     .entry(from)
@@ -323,14 +327,30 @@ fn simulate(n: usize, kills: usize, full: bool) {
         // Each runtime ticks every quarter heartbeat.
         if now_ms.is_multiple_of(HB_MS / 4) {
             let started = Instant::now();
+            let index: HashMap<&str, usize> = names
+                .iter()
+                .enumerate()
+                .map(|(i, x)| (x.as_str(), i))
+                .collect();
+            let silent_after = gossip.silent_after.as_millis() as u64;
             for (i, node) in nodes.iter_mut().enumerate().filter(|(_, x)| x.alive) {
                 node.table.tick(now);
                 if !relay_now {
                     continue;
                 }
                 // As the sidecar's beat loop does: copies `fallback_after`
-                // old are asked for on every link, with the next relay.
-                let asks = node.table.due_asks(now, gossip.fallback_after, hb);
+                // old are asked for on every link, with the next relay, and
+                // so are those a link brought that is gone or went silent.
+                let heard = &node.heard;
+                let quiet = |via: &str| {
+                    index.get(via).is_none_or(|j| {
+                        !adj[i].contains(j)
+                            || heard
+                                .get(j)
+                                .is_none_or(|t| now_ms.saturating_sub(*t) >= silent_after)
+                    })
+                };
+                let asks = node.table.due_asks(now, gossip.fallback_after, hb, quiet);
                 pending_asks[i].extend(asks);
             }
             if measuring {
@@ -390,6 +410,7 @@ fn simulate(n: usize, kills: usize, full: bool) {
                     names[v] = nodes[v].id.node.clone();
                     for node in nodes.iter_mut() {
                         node.outboxes.remove(&v);
+                        node.heard.remove(&v);
                     }
                     victim = None;
                 }

@@ -11,6 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::dial::Redial;
 use super::fanout;
+use super::gossip::GossipConfig;
 use super::marks::verify_hello;
 use super::node::{clock_now, lock, Mesh};
 use crate::error::{dial_refusal, DialRefusal};
@@ -18,9 +19,9 @@ use crate::proto as pb;
 
 /// Random links are drawn again every this many heartbeats.
 const RESHUFFLE_HEARTBEATS: u32 = 30;
-/// A link that has heard nothing for this many heartbeats is silent: its
-/// runtime is not chosen until heard again.
-const SILENT_HEARTBEATS: u32 = 3;
+/// The higher node id of a linked pair dials too once the link has heard
+/// nothing for this many heartbeats (SPEC §4.3).
+const REDIAL_QUIET_HEARTBEATS: u32 = 3;
 
 impl Mesh {
     /// Records a failed dial of a configured address (logged once per
@@ -44,15 +45,21 @@ impl Mesh {
         let mut n: u64 = 0;
         let mut stop = self.stop.clone();
         loop {
-            tokio::select! {
-                _ = every.tick() => {}
+            // Woken between heartbeats when a link went silent: choose and
+            // dial again now (a heartbeat of waiting is a heartbeat more of
+            // age on every copy that link fed us).
+            let heartbeat = tokio::select! {
+                _ = every.tick() => true,
+                _ = self.rechoose.notified() => false,
                 _ = stop.changed() => return,
-            }
-            if n.is_multiple_of(5) {
+            };
+            if heartbeat && n.is_multiple_of(5) {
                 self.resolve_dns().await;
             }
             self.choose_links(n / u64::from(RESHUFFLE_HEARTBEATS));
-            n += 1;
+            if heartbeat {
+                n += 1;
+            }
             for addr in self.desired_addresses() {
                 let fresh = lock(&self.dialing).insert(addr.clone());
                 if fresh {
@@ -120,21 +127,15 @@ impl Mesh {
         *lock(&self.chosen) = chosen.into_iter().collect();
     }
 
-    /// The runtimes whose links have all been silent for
-    /// [`SILENT_HEARTBEATS`] (a link carries our peer's own beat every
-    /// heartbeat, so it is cut or the peer is stalled). They are not chosen
-    /// until heard again: a runtime whose links a partition cut dials others
-    /// within a few heartbeats — before its view of its own side ages to
-    /// `UNREACHABLE` — instead of waiting one expiry for the links to end.
-    fn silent_links(&self, now: std::time::Instant) -> HashSet<String> {
-        let quiet = self.cfg.heartbeat * SILENT_HEARTBEATS;
-        let mut heard: std::collections::HashMap<&str, std::time::Instant> = Default::default();
-        let links = lock(&self.links);
-        for l in links.values() {
-            let t = heard.entry(l.node.as_str()).or_insert(l.last_rx);
-            *t = (*t).max(l.last_rx);
-        }
-        heard
+    /// The runtimes whose links have all been silent for `silent_after`
+    /// (1½ heartbeats, [`GossipConfig`]). They are not chosen until heard
+    /// again: a runtime whose links a partition cut dials others within two
+    /// heartbeats (the beat loop wakes this loop as soon as a link goes
+    /// silent) — before its view of its own side ages to `UNREACHABLE` —
+    /// instead of waiting one expiry for the links to end.
+    pub(super) fn silent_links(&self, now: std::time::Instant) -> HashSet<String> {
+        let quiet = GossipConfig::new(self.cfg.heartbeat, self.cfg.expiry).silent_after;
+        self.links_heard()
             .into_iter()
             .filter(|(_, t)| now.saturating_duration_since(*t) >= quiet)
             .map(|(n, _)| n.to_owned())
@@ -203,7 +204,7 @@ impl Mesh {
     }
 
     /// The lower node id dials; the higher one only when nothing arrived from
-    /// the lower for [`SILENT_HEARTBEATS`].
+    /// the lower for [`REDIAL_QUIET_HEARTBEATS`].
     fn should_dial(&self, addr: &str) -> bool {
         let node = {
             let table = lock(&self.table);
@@ -217,7 +218,7 @@ impl Mesh {
         if let Some(l) = self.link_with(&node) {
             // Already linked with that runtime: nothing to do.
             let quiet = clock_now().saturating_duration_since(l.last_rx);
-            if quiet <= self.cfg.heartbeat * SILENT_HEARTBEATS {
+            if quiet <= self.cfg.heartbeat * REDIAL_QUIET_HEARTBEATS {
                 return false;
             }
         }

@@ -20,11 +20,13 @@
 //!     about once, instead of once per link. Fresh beats a link brings are
 //!     relayed on the others within a quarter heartbeat ([`Outbox::relay`]),
 //!     not at the next heartbeat. Nothing else is refreshed by age: a copy
-//!     that grows `fallback_after` old anyway is asked for on every link
-//!     (`Marks.want`; checked every quarter heartbeat, asked once a
-//!     heartbeat, [`PeerTable::due_asks`]), which repairs a tree whose
-//!     link broke (the answer re-subscribes on its link) and brings a
-//!     killed runtime's last beat, which the eager gain may skip;
+//!     is asked for on every link (`Marks.want`; checked every quarter
+//!     heartbeat, asked once a heartbeat, [`PeerTable::due_asks`]) as soon
+//!     as the link that brought it is silent (`silent_after`) or gone —
+//!     its tree is cut here —, or once it grows `fallback_after` old
+//!     anyway; this repairs a tree whose link broke (the answer
+//!     re-subscribes on its link) and brings a killed runtime's last beat,
+//!     which the eager gain may skip;
 //!   - **per-link refresh** (an older sidecar at the other end): every
 //!     runtime goes once the other end's copy is `relay_after` old, most
 //!     stale first.
@@ -57,7 +59,10 @@
 //! last beat then spreads at a quarter heartbeat per hop, from
 //! `fallback_after` (0.3 expiry) on, long before any copy expires (the
 //! lower bound); the upper bound is `seen_at` again. A tree link that
-//! breaks is repaired the same way: the answer re-subscribes on its link.
+//! breaks is repaired the same way, sooner: the copies it brought are asked
+//! for once it has been silent for `silent_after` (1½ heartbeats), and the
+//! answer re-subscribes on its link. Asking early changes no bound: an
+//! answer is a signed mark with its age, like any other.
 //! `benches/mesh_sim.rs` measures both sides.
 
 use std::collections::hash_map::DefaultHasher;
@@ -89,6 +94,13 @@ pub struct GossipConfig {
     /// heartbeat until a fresher one comes (the fallback that repairs a
     /// tree, and brings a killed runtime's last beat).
     pub fallback_after: Duration,
+    /// A link that has heard nothing for this long is silent (it carries
+    /// its peer's own beat every heartbeat: it is cut, or the peer stalled).
+    /// It no longer feeds the trees it was part of, so the copies it brought
+    /// are asked for on the other links at once, whatever their age; and its
+    /// runtime is not chosen (another is dialled) until heard again
+    /// ([`super::discovery`]).
+    pub silent_after: Duration,
 }
 
 /// How long (in heartbeats) an ask of the other end stays open: it asks
@@ -118,6 +130,7 @@ impl GossipConfig {
             min_gain: heartbeat / 2,
             eager_gain: (expiry / 8).clamp(heartbeat / 2, heartbeat * 3 / 2),
             fallback_after: (expiry * 3 / 10).max(heartbeat * 3 / 2),
+            silent_after: heartbeat * 3 / 2,
         }
     }
 }
@@ -936,7 +949,7 @@ mod tests {
         mark_at(&mut ta, &c, 1, &b.node, t0);
         mark_at(&mut ta, &d, 1, &b.node, t0 + ms(500));
         let asks = |t: &mut PeerTable, at: Instant| {
-            let mut v = t.due_asks(at, cfg.fallback_after, HB);
+            let mut v = t.due_asks(at, cfg.fallback_after, HB, |_| false);
             v.sort();
             v
         };
@@ -964,6 +977,41 @@ mod tests {
         assert!(old.relay(&ta, t0, &[], &[], &want).want.is_empty());
         // The heartbeat's frame asks for nothing by itself.
         assert!(out.frame(&ta, t0 + 5 * HB, 8).want.is_empty());
+    }
+
+    #[test]
+    fn the_copies_a_silent_link_brought_are_asked_for_at_once_whatever_their_age() {
+        let [a, b, c] = three();
+        let d = Identity::ephemeral(1);
+        let t0 = Instant::now();
+        let cfg = GossipConfig::new(HB, EXPIRY);
+        let mut ta = table(&a);
+        // C came through B, D through C (its own link).
+        mark_at(&mut ta, &c, 1, &b.node, t0);
+        mark_at(&mut ta, &d, 1, &c.node, t0);
+        let at = t0 + ms(200);
+        assert!(ms(200) < cfg.fallback_after);
+        let asks = |t: &mut PeerTable, at: Instant, quiet: &str| {
+            let mut v = t.due_asks(at, cfg.fallback_after, HB, |via| via == quiet);
+            v.sort();
+            v
+        };
+        // No link silent: young copies are not asked for.
+        assert!(asks(&mut ta, at, "nobody").is_empty());
+        // B went silent: what it brought (C) is asked for at once; D, which
+        // came through C, is not.
+        assert_eq!(asks(&mut ta, at, &b.node), vec![c.node.clone()]);
+        // Once a heartbeat, while B stays silent.
+        assert!(asks(&mut ta, at + HB / 2, &b.node).is_empty());
+        assert_eq!(asks(&mut ta, at + HB, &b.node), vec![c.node.clone()]);
+        // A fresher copy through another link (D) ends it: C's tree is
+        // mended, B's silence no longer matters to it.
+        mark_at(&mut ta, &c, 3, &d.node, at + HB + ms(10));
+        assert!(asks(&mut ta, at + 2 * HB, &b.node).is_empty());
+        // An expired copy (D's) is not asked for, silent link or not; C,
+        // old by now, is asked for by its age.
+        assert_eq!(asks(&mut ta, t0 + EXPIRY, &c.node), vec![c.node.clone()]);
+        assert_eq!(cfg.silent_after, HB * 3 / 2);
     }
 
     #[test]

@@ -636,10 +636,15 @@ mod tests {
     impl Wire {
         /// The marks of every frame sent to the other end so far.
         fn sent(&mut self) -> Vec<Vec<pb::Mark>> {
+            self.sent_frames().into_iter().map(|m| m.marks).collect()
+        }
+
+        /// Every frame of marks sent to the other end so far, whole.
+        fn sent_frames(&mut self) -> Vec<pb::Marks> {
             let mut out = Vec::new();
             while let Ok(f) = self.from_us.try_recv() {
                 if let Some(pb::sync_frame::Frame::Marks(m)) = f.frame {
-                    out.push(m.marks);
+                    out.push(m);
                 }
             }
             out
@@ -853,8 +858,9 @@ mod tests {
         assert!(!wanted.task.is_finished(), "a chosen link stays");
     }
 
-    /// A link that hears nothing for three heartbeats is silent: its runtime
-    /// is not chosen (others are dialled instead) until it is heard again.
+    /// A link that hears nothing for 1½ heartbeats is silent: its runtime
+    /// is not chosen (others are dialled instead) until it is heard again,
+    /// and the discovery loop is woken at once to dial them.
     #[tokio::test(start_paused = true)]
     async fn a_runtime_whose_link_went_silent_is_not_chosen_until_heard_again() {
         let f = mesh();
@@ -875,12 +881,24 @@ mod tests {
             chosen.contains(&p.node) && chosen.contains(&q.node),
             "{chosen:?}"
         );
-        // Two heartbeats of silence: still chosen.
-        tokio::time::sleep(HB * 2).await;
+        // A heartbeat of silence: still chosen, and nobody is woken.
+        tokio::time::sleep(HB).await;
+        f.mesh.quarter_tick(clock_now());
         f.mesh.choose_links(0);
         assert!(lock(&f.mesh.chosen).contains(&p.node), "not silent yet");
-        // Three: silent (still ALIVE in the table: a quarter expiry old).
-        tokio::time::sleep(HB).await;
+        let woken = || async {
+            tokio::time::timeout(Duration::ZERO, f.mesh.rechoose.notified())
+                .await
+                .is_ok()
+        };
+        assert!(!woken().await);
+        // 1½: silent (still ALIVE in the table: 15 % of the expiry old); the
+        // quarter tick wakes the discovery loop, once.
+        tokio::time::sleep(HB / 2).await;
+        f.mesh.quarter_tick(clock_now());
+        assert!(woken().await, "the discovery loop is woken");
+        f.mesh.quarter_tick(clock_now());
+        assert!(!woken().await, "only when a link newly goes silent");
         f.mesh.choose_links(0);
         let chosen = lock(&f.mesh.chosen).clone();
         assert!(
@@ -1051,5 +1069,51 @@ mod tests {
         tokio::time::sleep(HB / 4).await;
         settle().await;
         assert!(old.sent().is_empty());
+    }
+
+    /// A link that goes silent no longer feeds the trees it was part of:
+    /// the copies it brought are asked for on the other links within a
+    /// quarter heartbeat of 1½ heartbeats of silence, long before they are
+    /// `fallback_after` old; what the other links brought is not.
+    #[tokio::test(start_paused = true)]
+    async fn the_copies_a_silent_link_brought_are_asked_for_on_the_others() {
+        let f = mesh();
+        let c = Identity::ephemeral(1);
+        let d = Identity::ephemeral(1);
+        let (_, feeder) = link(&f.mesh, false, false);
+        let (_, mut wire) = link(&f.mesh, false, false);
+        settle().await;
+        feeder.send(marks(std::slice::from_ref(&c), 1)).await;
+        wire.send(marks(std::slice::from_ref(&d), 1)).await;
+        settle().await;
+        wire.sent();
+        let gossip = crate::mesh::gossip::GossipConfig::new(HB, EXPIRY);
+        assert!(gossip.silent_after < gossip.fallback_after);
+        let want = |wire: &mut Wire| -> Vec<String> {
+            wire.sent_frames()
+                .into_iter()
+                .flat_map(|m| m.want)
+                .collect()
+        };
+        // One heartbeat of silence from the feeder (the wire keeps talking):
+        // nothing is asked for.
+        tokio::time::sleep(HB).await;
+        wire.send(Vec::new()).await;
+        settle().await;
+        f.mesh.quarter_tick(clock_now());
+        tokio::time::sleep(HB / 4).await;
+        settle().await;
+        assert!(want(&mut wire).is_empty());
+        // 1½ heartbeats: C, which the feeder brought, is asked for on the
+        // wire with the next relay; D, which the wire brought, is not.
+        tokio::time::sleep(gossip.silent_after - HB - HB / 4).await;
+        wire.send(Vec::new()).await;
+        settle().await;
+        f.mesh.quarter_tick(clock_now());
+        tokio::time::sleep(HB / 4).await;
+        settle().await;
+        let asked = want(&mut wire);
+        assert!(asked.contains(&c.node), "{asked:?}");
+        assert!(!asked.contains(&d.node), "{asked:?}");
     }
 }

@@ -125,6 +125,10 @@ pub struct Mesh {
     pub(super) nudges: broadcast::Sender<pb::Nudge>,
     /// Runtimes refused as links because they claim in another store.
     pub(super) refused: Mutex<HashMap<String, RefusedLink>>,
+    /// The runtimes whose links were silent at the last quarter tick; one
+    /// more wakes the discovery loop (`rechoose`) at once.
+    silent: Mutex<HashSet<String>>,
+    pub(super) rechoose: tokio::sync::Notify,
 }
 
 /// The time now on tokio's clock: the system's monotonic clock, except
@@ -214,6 +218,8 @@ impl Mesh {
             runs_changed,
             nudges,
             refused: Mutex::new(HashMap::new()),
+            silent: Mutex::new(HashSet::new()),
+            rechoose: tokio::sync::Notify::new(),
         }
     }
 
@@ -241,7 +247,6 @@ impl Mesh {
         let quarter = (self.cfg.heartbeat / 4).max(Duration::from_millis(10));
         let mut ticks = tokio::time::interval(quarter);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let fallback_after = GossipConfig::new(self.cfg.heartbeat, self.cfg.expiry).fallback_after;
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
@@ -250,25 +255,59 @@ impl Mesh {
                 _ = beats.tick() => self.raise_beat(false, clock_now()),
                 _ = ticks.tick() => {}
             }
-            let now = clock_now();
-            let (changes, asks) = {
-                let mut table = lock(&self.table);
-                let changes = table.tick(now);
-                (
-                    changes,
-                    table.due_asks(now, fallback_after, self.cfg.heartbeat),
-                )
-            };
-            self.publish(changes, now);
-            if !asks.is_empty() {
-                // Link id 0 is no link: every link asks.
-                let asks = super::links::Brought {
-                    asks,
-                    ..Default::default()
-                };
-                let _ = self.taken.send((0, Arc::new(asks)));
-            }
+            self.quarter_tick(clock_now());
         }
+    }
+
+    /// Every quarter heartbeat: publishes the table's state changes, sends
+    /// every link the copies to ask for ([`PeerTable::due_asks`]): those
+    /// `fallback_after` old, and those a link brought that has been silent
+    /// for `silent_after` (or is gone); and wakes the discovery loop when a
+    /// link went silent, to dial another runtime at once.
+    pub(super) fn quarter_tick(&self, now: Instant) {
+        let gossip = GossipConfig::new(self.cfg.heartbeat, self.cfg.expiry);
+        let silent = self.silent_links(now);
+        let newly = {
+            let mut before = lock(&self.silent);
+            let newly = silent.iter().any(|n| !before.contains(n));
+            *before = silent;
+            newly
+        };
+        if newly {
+            self.rechoose.notify_one();
+        }
+        let heard = self.links_heard();
+        let quiet = |via: &str| {
+            heard
+                .get(via)
+                .is_none_or(|t| now.saturating_duration_since(*t) >= gossip.silent_after)
+        };
+        let (changes, asks) = {
+            let mut table = lock(&self.table);
+            let changes = table.tick(now);
+            let asks = table.due_asks(now, gossip.fallback_after, self.cfg.heartbeat, quiet);
+            (changes, asks)
+        };
+        self.publish(changes, now);
+        if !asks.is_empty() {
+            // Link id 0 is no link: every link asks.
+            let asks = super::links::Brought {
+                asks,
+                ..Default::default()
+            };
+            let _ = self.taken.send((0, Arc::new(asks)));
+        }
+    }
+
+    /// When each runtime we have links with was last heard, on the freshest
+    /// of its links.
+    pub(super) fn links_heard(&self) -> HashMap<String, Instant> {
+        let mut heard: HashMap<String, Instant> = HashMap::new();
+        for l in lock(&self.links).values() {
+            let t = heard.entry(l.node.clone()).or_insert(l.last_rx);
+            *t = (*t).max(l.last_rx);
+        }
+        heard
     }
 
     /// Raises and signs our beat, then makes every link send a frame at

@@ -609,12 +609,19 @@ impl PeerTable {
         true
     }
 
-    /// The deaths reported only as their entries were evicted (see
-    /// `evict_one`), for the watchers; drained.
-    /// The runtimes whose copy is `after` old or older but not expired, not
-    /// asked for in the last `every`: the links ask for a fresher copy of
-    /// each (relay trees, [`super::gossip`]). Marks them asked now.
-    pub fn due_asks(&mut self, now: Instant, after: Duration, every: Duration) -> Vec<String> {
+    /// The runtimes to ask our links for a fresher copy of (relay trees,
+    /// [`super::gossip`]), not expired and not asked for in the last
+    /// `every`: each copy `after` old or older, and each copy that a link
+    /// `quiet` names brought (a link gone silent: the tree it fed us is cut
+    /// here, so its copies are asked for at once instead of once they are
+    /// `after` old). Marks them asked now.
+    pub fn due_asks(
+        &mut self,
+        now: Instant,
+        after: Duration,
+        every: Duration,
+        quiet: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
         let expiry = self.cfg.expiry;
         let mut out = Vec::new();
         for (node, e) in self.peers.iter_mut() {
@@ -623,7 +630,7 @@ impl PeerTable {
             }
             let Some(seen) = e.seen_at else { continue };
             let age = now.saturating_duration_since(seen);
-            if age < after || age >= expiry {
+            if age >= expiry || (age < after && !e.via.as_deref().is_some_and(&quiet)) {
                 continue;
             }
             if e.asked_at
@@ -642,6 +649,8 @@ impl PeerTable {
         std::mem::take(&mut self.revived)
     }
 
+    /// The deaths reported only as their entries were evicted (see
+    /// `evict_one`), for the watchers; drained.
     pub fn take_evicted(&mut self) -> Vec<(Change, pb::Peer)> {
         std::mem::take(&mut self.evicted)
     }
