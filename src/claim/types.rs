@@ -363,10 +363,19 @@ impl DeadHolders {
         }
     }
 
-    /// Records that `instance` is the newest run of `node`.
+    /// Records that `instance` is the newest run of `node`. Instance 1 is a
+    /// node's first start (`mesh::identity`): nothing older can hold a run,
+    /// so it is not kept, and a claim's step is sent only the nodes that
+    /// restarted, not the whole mesh.
     pub fn set_current(&mut self, node: &str, instance: u64) {
-        let e = self.current.entry(node.to_owned()).or_insert(instance);
-        *e = (*e).max(instance);
+        if instance <= 1 {
+            return;
+        }
+        if let Some(e) = self.current.get_mut(node) {
+            *e = (*e).max(instance);
+        } else {
+            self.current.insert(node.to_owned(), instance);
+        }
     }
 
     /// Dead, or dead if the store confirms it. Renew and release refuse on
@@ -485,6 +494,16 @@ mod tests {
         assert!(d.is_dead(&h(4)));
         d.set_current("n1", 1); // never lowers
         assert!(d.is_dead(&h(2)));
+        // A node at its first instance has nothing older: not listed, so a
+        // claim's step carries only the restarted nodes.
+        d.set_current("n2", 1);
+        let listed: Vec<&String> = d.current().map(|(n, _)| n).collect();
+        assert_eq!(listed, vec!["n1"]);
+        let first = Holder {
+            node: "n2".into(),
+            instance: 1,
+        };
+        assert!(!d.is_dead(&first));
     }
 
     #[test]

@@ -744,17 +744,23 @@ impl PeerTable {
     pub fn dead_split(&self, now: Instant) -> (DeadHolders, Vec<Holder>) {
         let mut d = DeadHolders::none();
         let mut expired = Vec::new();
+        // Every claim asks for this: only the dead and the restarted cost an
+        // allocation (a view of a thousand live runtimes is one pass).
         d.set_current(&self.self_node, self.self_instance);
         for e in self.peers.values() {
             d.set_current(&e.mark.node, e.mark.instance);
+            let state = state_of(e, now, self.cfg.expiry);
+            if !matches!(state, pb::PeerState::Left | pb::PeerState::Expired) {
+                continue;
+            }
             let h = Holder {
                 node: e.mark.node.clone(),
                 instance: e.mark.instance,
             };
-            match state_of(e, now, self.cfg.expiry) {
-                pb::PeerState::Left => d.mark_dead(h),
-                pb::PeerState::Expired => expired.push(h),
-                _ => {}
+            if state == pb::PeerState::Left {
+                d.mark_dead(h);
+            } else {
+                expired.push(h);
             }
         }
         (d, expired)
