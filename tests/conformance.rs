@@ -48,6 +48,7 @@ macro_rules! conformance {
             case!(lock_slot_zero);
             case!(end_lease_hands_over);
             case!(prune_removes_old_runs);
+            case!(prune_goes_by_slot_and_claim_time);
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn contest() {

@@ -583,6 +583,58 @@ pub async fn prune_removes_old_runs(s: &dyn Store) {
     assert!(s.history(&j, 5, None).await.unwrap().runs.is_empty());
 }
 
+/// Pruning goes by both the slot and the claim time: a run is old once its
+/// slot and its claim are both before the cutoff (a lock, slot 0, by its
+/// claim alone). A late claim of an old slot and a claim of a slot ahead
+/// are kept until both are old.
+pub async fn prune_goes_by_slot_and_claim_time(s: &dyn Store) {
+    if !s.info().full_history {
+        return;
+    }
+    let j = job("prune-by");
+    let t = now();
+    let late = spec(&j, t - 30_000, &holder("a", 1));
+    let ahead = spec(&j, t + 120_000, &holder("a", 1));
+    let lock = spec(&j, 0, &holder("a", 1));
+    for c in [&late, &ahead, &lock] {
+        assert_eq!(s.claim(c, &none()).await.unwrap().outcome, Outcome::Won);
+        let rel = ReleaseSpec {
+            job: j.clone(),
+            slot_ms: c.slot_ms,
+            token: c.token.clone(),
+            result: ReleaseResult::Succeeded,
+        };
+        s.release(&rel, &none()).await.unwrap();
+    }
+    let slots = || async {
+        let mut v: Vec<i64> = s
+            .history(&j, 10, None)
+            .await
+            .unwrap()
+            .runs
+            .iter()
+            .map(|r| r.slot_ms)
+            .collect();
+        v.sort();
+        v
+    };
+    // Claimed after the cutoff: every run stays, the late one's old slot
+    // and the lock included.
+    let prune_all = |cutoff: i64| async move {
+        while let Ok(n) = leases(s).prune(cutoff, 100).await {
+            if n < 100 {
+                break;
+            }
+        }
+    };
+    prune_all(t - 1_000).await;
+    assert_eq!(slots().await, vec![0, late.slot_ms, ahead.slot_ms]);
+    // Both before the cutoff: the late run and the lock go; the slot ahead
+    // stays until its slot is old too.
+    prune_all(t + 60_000).await;
+    assert_eq!(slots().await, vec![ahead.slot_ms]);
+}
+
 /// Once backends whose memory of a claim lapses after `memory_ms` (the
 /// brokers' `slot_ttl_ms` / `duplicate_window_ms`): a claim that asks for
 /// more lateness than the memory covers, or comes too far ahead of its slot,

@@ -254,7 +254,13 @@ impl Leases for SqliteStore {
                 Phase::Read => Ok(None),
                 Phase::Locked { now } => a
                     .execute(
-                        "UPDATE runs SET lease_until_ms = ?1 WHERE holder_node = ?2 AND holder_instance = ?3 AND state = 'RUNNING' AND lease_until_ms > ?1",
+                        // The running runs' index carries the holder: one
+                        // pass over it, no b-tree of the holder's own
+                        // (migration 0005).
+                        "UPDATE runs SET lease_until_ms = ?1 WHERE (job, slot_ms) IN (
+                           SELECT job, slot_ms FROM runs INDEXED BY runs_running_by
+                           WHERE state = 'RUNNING' AND holder_node = ?2 AND holder_instance = ?3)
+                         AND lease_until_ms > ?1",
                         params![now, holder.node, holder.instance as i64],
                     )
                     .map(Some),
@@ -267,10 +273,14 @@ impl Leases for SqliteStore {
             .run(move |a, phase| match phase {
                 Phase::Read => Ok(None),
                 Phase::Locked { .. } => {
+                    // Each job's runs by the primary key, slots below the
+                    // cutoff (no index on claimed_at_ms: migration 0005);
+                    // CROSS JOIN keeps jobs the outer loop.
                     let n = a.execute(
                         "DELETE FROM runs WHERE (job, slot_ms) IN (
-                           SELECT job, slot_ms FROM runs
-                           WHERE claimed_at_ms < ?1 AND (state <> 'RUNNING' OR lease_until_ms < ?1)
+                           SELECT r.job, r.slot_ms FROM jobs j
+                           CROSS JOIN runs r ON r.job = j.job AND r.slot_ms < ?1
+                           WHERE r.claimed_at_ms < ?1 AND (r.state <> 'RUNNING' OR r.lease_until_ms < ?1)
                            LIMIT ?2)",
                         params![cutoff_ms, batch as i64],
                     )?;

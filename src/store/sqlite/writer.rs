@@ -394,7 +394,10 @@ impl RunAccess for Access<'_> {
         let mut stmt = self
             .conn
             .prepare_cached(&format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE job = ?1 AND state = 'RUNNING' AND slot_ms <> ?2 AND lease_until_ms > ?3"
+                // The running runs of the job, not all its runs: without
+                // statistics SQLite would walk the job's whole history by
+                // the primary key.
+                "SELECT {RUN_COLUMNS} FROM runs INDEXED BY runs_running_by WHERE job = ?1 AND state = 'RUNNING' AND slot_ms <> ?2 AND lease_until_ms > ?3"
             ))
             .map_err(convert)?;
         let rows = stmt
