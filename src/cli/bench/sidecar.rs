@@ -66,8 +66,10 @@ pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
         .arg(data_dir)
         .arg("--backend")
         .arg(url)
-        .env_remove("ANARCHON_CONFIG")
-        .env("RUST_LOG", "warn");
+        // The sidecar as deployed: its own defaults (log filter `info`, so
+        // every RPC's span is built), unless the bench's environment says
+        // otherwise (`RUST_LOG`, `ANARCHON_*` keys pass through).
+        .env_remove("ANARCHON_CONFIG");
     let started = Instant::now();
     let mut child = Guarded::spawn("anarchon serve", cmd, &data_dir.join("serve.log"))?;
     let figures = ready_figures(&mut child, started, || answers(addr)).await?;
