@@ -117,7 +117,7 @@ pub(super) fn run_from_columns(
 /// How a lease store describes its retention in `History`.
 pub(super) fn retention_note(retention: Duration) -> String {
     format!(
-        "runs are kept {} after they are claimed (longer than any late claim may ask)",
+        "runs are kept {} after their slot and their claim, whichever is later (longer than any late claim may ask)",
         crate::duration::human(retention)
     )
 }

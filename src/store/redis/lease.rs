@@ -88,7 +88,7 @@ impl LeaseStore {
                 leases: true,
                 full_history: true,
                 retention: format!(
-                    "runs are kept {} after they are claimed (longer than any late claim may ask); each job's event stream holds about its last {} events",
+                    "runs are kept {} after their slot and their claim, whichever is later (longer than any late claim may ask); each job's event stream holds about its last {} events",
                     crate::duration::human(opts.retention),
                     cfg.history_maxlen
                 ),
