@@ -10,8 +10,11 @@
 # Environment:
 #   CLIENTS="1 16 64"   client counts
 #   BACKENDS="sqlite postgres redis-lease redis-stream-id rabbitmq nats"
-#   ETCD_WITH=sqlite    the backend whose runs also measure etcd (--against
-#                       etcd), so etcd is measured once per client count
+#   ETCD_WITH=sqlite    the backends whose runs also measure etcd (--against
+#                       etcd; a space-separated list, or "all"): by default
+#                       etcd is measured once per client count; with
+#                       ETCD_WITH=all every row has etcd from its own run,
+#                       so each store's ratio to etcd comes from one run
 #   OUT=docs/benchmarks/matrix.jsonl  (another OUT is plotted to OUT's name
 #                       with .png, leaving docs/benchmarks/claims.png alone)
 #   APPEND=1            keep the lines already in OUT (repeats: the plot and
@@ -53,7 +56,7 @@ echo "bench-matrix: $seconds s per path, $(nproc) cores; uptime: $(uptime)" >&2
 for b in "${backends[@]}"; do
   for c in "${clients[@]}"; do
     against=raw
-    [ "$b" = "$etcd_with" ] && against=etcd
+    case " $etcd_with " in *" $b "* | *" all "*) against=etcd ;; esac
     echo "== $variant: $b, $c clients, --against $against; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     case $b in redis-*) redis-cli CONFIG RESETSTAT >/dev/null ;; esac
     line=$("$bin" bench --backend "$(bench_url "$b" "$c")" --clients "$c" --seconds "$seconds" \
