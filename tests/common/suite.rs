@@ -99,13 +99,21 @@ pub async fn second_claimer_is_excluded(s: &dyn Store) {
 pub async fn takeover_after_lapsed_lease(s: &dyn Store) {
     let j = job("lapse");
     let slot = now();
+    // The lease is long enough that the early claim below lands inside it
+    // even on a loaded CI machine, and the test checks that it did by the
+    // client's own clock: the lease starts after `sent`, so an answer that
+    // came back before `sent + LEASE` was decided while the lease held.
+    const LEASE: Duration = Duration::from_millis(400);
     let mut a = spec(&j, slot, &holder("a", 1));
-    a.lease_ms = 50;
+    a.lease_ms = LEASE.as_millis() as i64;
+    let sent = std::time::Instant::now();
     let first = s.claim(&a, &none()).await.unwrap();
+    // The store started the lease no later than its answer arrived.
+    let lapsed_at = std::time::Instant::now() + LEASE + Duration::from_millis(30);
     assert_eq!(first.outcome, Outcome::Won);
     let b = spec(&j, slot, &holder("b", 1));
     if !s.info().leases {
-        tokio::time::sleep(Duration::from_millis(80)).await;
+        tokio::time::sleep_until(lapsed_at.into()).await;
         let lost = s.claim(&b, &none()).await.unwrap();
         assert_eq!(
             lost.outcome,
@@ -116,8 +124,14 @@ pub async fn takeover_after_lapsed_lease(s: &dyn Store) {
     }
     // Before the lease lapses: RUNNING.
     let early = s.claim(&b, &none()).await.unwrap();
-    assert_eq!(early.outcome, Outcome::Running);
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    let answered = sent.elapsed();
+    assert!(
+        answered < LEASE,
+        "the early claim took {answered:?}, longer than the {LEASE:?} lease: \
+         the machine is too loaded for this case to say anything"
+    );
+    assert_eq!(early.outcome, Outcome::Running, "{early:?}");
+    tokio::time::sleep_until(lapsed_at.into()).await;
     let won = s.claim(&b, &none()).await.unwrap();
     assert_eq!(won.outcome, Outcome::Won, "{won:?}");
     assert_eq!(won.attempt, 2);
