@@ -80,6 +80,10 @@ pub async fn run_held(
     grace: Duration,
     (sent, first_deadline): (Instant, Option<Instant>),
 ) -> std::io::Result<Ended> {
+    // The signal handlers first, so that a SIGTERM or Ctrl-C that comes
+    // while the command starts stops it as one that comes later would.
+    let stop = super::serve::shutdown_signal();
+    tokio::pin!(stop);
     // The command runs as its own process group under a supervisor that
     // dies with us and takes the group along (see `super::group`).
     let mut child = group::spawn(
@@ -93,8 +97,6 @@ pub async fn run_held(
         ],
         grace,
     )?;
-    let stop = super::serve::shutdown_signal();
-    tokio::pin!(stop);
     let mut deadline = first_deadline;
     // The stop begins a quarter of the promised window before the deadline
     // (at most `grace` before), and ends with SIGKILL at the deadline.

@@ -77,29 +77,42 @@ pub fn stopped_exit_status() -> u8 {
     (128 + STOP_SIGNAL.load(std::sync::atomic::Ordering::Relaxed)).clamp(0, 255) as u8
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is
+/// called, not when the future is first polled: a signal that comes in
+/// between (say, while `hold` starts its command) is caught, not left to
+/// the default action that would kill the process on the spot.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     let set = |sig: i32| STOP_SIGNAL.store(sig, std::sync::atomic::Ordering::Relaxed);
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => tokio::select! {
                     _ = term.recv() => set(15),
-                    _ = tokio::signal::ctrl_c() => set(2),
+                    _ = int.recv() => set(2),
+                },
+                (Ok(mut term), Err(_)) => {
+                    term.recv().await;
+                    set(15);
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                set(2);
+                (Err(_), Ok(mut int)) => {
+                    int.recv().await;
+                    set(2);
+                }
+                (Err(_), Err(_)) => std::future::pending().await,
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
-        set(2);
+        let ctrl_c = tokio::signal::ctrl_c();
+        async move {
+            let _ = ctrl_c.await;
+            set(2);
+        }
     }
 }
 
