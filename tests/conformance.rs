@@ -76,15 +76,22 @@ macro_rules! conformance {
     };
 }
 
-/// A fresh SQLite file per test.
-async fn sqlite() -> Option<DynStore> {
+/// A fresh SQLite file per test; `query` is the URL's options.
+async fn sqlite(query: &str) -> Option<DynStore> {
     let dir = tempfile::tempdir().unwrap().keep();
-    let url = format!("sqlite://{}", dir.join("t.db").display());
+    let url = format!("sqlite://{}{query}", dir.join("t.db").display());
     Some(store::open(&url, &StoreOptions::default()).await.unwrap())
 }
 
-conformance!(sqlite, sqlite());
+conformance!(sqlite, sqlite(""));
+// Group commit off: every write is its own transaction (the path of the
+// bench's "raw single-claim step").
+conformance!(sqlite_max_batch_1, sqlite("?max_batch=1"));
 conformance!(postgres, common::pg::store(""));
+conformance!(
+    postgres_max_batch_1,
+    common::pg::store("&max_batch=1&batches_in_flight=16")
+);
 conformance!(
     postgres_transaction,
     common::pg::store("&claim=transaction")

@@ -183,8 +183,12 @@ pub type DynStore = Arc<dyn Store>;
 /// A parsed backend URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
+    /// `sqlite://PATH[?max_batch=N]`
     Sqlite {
         path: String,
+        /// The most writes one transaction of the writer carries (1: every
+        /// claim commits on its own).
+        max_batch: usize,
     },
     Redis(RedisConfig),
     Postgres(PgTarget),
@@ -233,17 +237,11 @@ impl Backend {
     /// Parses and checks a backend URL without connecting.
     pub fn parse(url: &str) -> Result<Backend> {
         let bad = |m: String| Error::invalid("backend", m);
-        let (scheme, rest) = url
+        let (scheme, _) = url
             .split_once("://")
             .ok_or_else(|| bad(format!("{url:?} is not a URL (expected scheme://...)")))?;
         match scheme {
-            "sqlite" => {
-                let path = rest.split('?').next().unwrap_or_default();
-                if path.is_empty() {
-                    return Err(bad("sqlite:// needs a file path".into()));
-                }
-                Ok(Backend::Sqlite { path: path.to_owned() })
-            }
+            "sqlite" => sqlite::parse_url(url),
             "redis" | "redis+cluster" | "redis+sentinel" => Ok(Backend::Redis(RedisConfig::parse(url)?)),
             "postgres" | "postgresql" => postgres::parse_url(url),
             "amqp" | "amqps" => rabbitmq::parse_url(url),
@@ -260,7 +258,9 @@ impl Backend {
 /// of its clock ([`future::FutureGuard`]).
 pub async fn open(url: &str, opts: &StoreOptions) -> Result<DynStore> {
     let store: DynStore = match Backend::parse(url)? {
-        Backend::Sqlite { path } => Arc::new(SqliteStore::open(&path, opts).await?),
+        Backend::Sqlite { path, max_batch } => {
+            Arc::new(SqliteStore::open(&path, max_batch, opts).await?)
+        }
         Backend::Redis(cfg) => redis::open(&cfg, opts).await?,
         Backend::Postgres(target) => Arc::new(PostgresStore::open(&target, opts).await?),
         b @ Backend::Amqp { .. } => Arc::new(RabbitStore::open(&b).await?),
@@ -322,16 +322,32 @@ mod tests {
         assert_eq!(
             Backend::parse("sqlite://./d/a.db").unwrap(),
             Backend::Sqlite {
-                path: "./d/a.db".into()
+                path: "./d/a.db".into(),
+                max_batch: 64,
             }
         );
         assert_eq!(
-            Backend::parse("sqlite:///tmp/a.db?x=1").unwrap(),
+            Backend::parse("sqlite:///tmp/a.db?max_batch=1").unwrap(),
             Backend::Sqlite {
-                path: "/tmp/a.db".into()
+                path: "/tmp/a.db".into(),
+                max_batch: 1,
             }
         );
-        for bad in ["", "sqlite://", "nope", "ftp://x"] {
+        // An option SQLite does not know, or a batch out of range, is
+        // refused by name rather than ignored.
+        let unknown = Backend::parse("sqlite:///tmp/a.db?max_bacth=1").unwrap_err();
+        assert!(unknown.to_string().contains("\"max_bacth\""), "{unknown}");
+        for (url, field) in [
+            ("sqlite:///tmp/a.db?max_batch=0", "max_batch"),
+            ("sqlite:///tmp/a.db?max_batch=65", "max_batch"),
+            ("sqlite:///tmp/a.db?max_batch=1&max_batch=2", "backend"),
+        ] {
+            match Backend::parse(url) {
+                Err(Error::InvalidArgument { field: f, .. }) => assert_eq!(f, field, "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        for bad in ["", "sqlite://", "sqlite://?max_batch=1", "nope", "ftp://x"] {
             assert!(matches!(
                 Backend::parse(bad),
                 Err(Error::InvalidArgument {

@@ -12,8 +12,9 @@
 //! neither the hop to the gathering task nor the batch's subtransaction. A
 //! batch is gathered only from what is already queued when a connection
 //! slot is free (`batches_in_flight` at once, `max_batch` claims each: URL
-//! options): a lone client never waits
-//! for a batch to fill. Claims of one batch share their dead-holder set (one
+//! options): a lone client never waits for a batch to fill. With
+//! `max_batch=1` there is no group commit: every claim waits for a slot and
+//! runs alone. Claims of one batch share their dead-holder set (one
 //! sidecar's view at that moment); claims whose sets differ go in separate
 //! calls. A batch is sorted by job so that concurrent batches take job locks
 //! in one order and cannot deadlock.
@@ -46,6 +47,8 @@ pub(super) struct Batcher {
     /// claim that runs alone.
     slots: Arc<Semaphore>,
     in_flight: usize,
+    /// `max_batch` 1: no group commit, every claim is its own call.
+    alone_always: bool,
     pool: Arc<Pool>,
     /// The `<prefix>_claim` call of a claim alone.
     one: Arc<str>,
@@ -68,6 +71,7 @@ impl Batcher {
             queue: tx,
             slots,
             in_flight,
+            alone_always: max_batch <= 1,
             pool,
             one,
         }
@@ -80,6 +84,17 @@ impl Batcher {
         spec: &ClaimSpec,
         dead: &DeadHolders,
     ) -> AttemptResult<ClaimAnswer> {
+        let stopped = || {
+            AttemptError::Final(Error::Unavailable(
+                "postgres: the claim batcher stopped".into(),
+            ))
+        };
+        if self.alone_always {
+            // No group commit: each claim waits for a connection slot and
+            // runs alone, in its own task.
+            let _slot = self.slots.acquire().await.map_err(|_| stopped())?;
+            return claim_one(&self.pool, &self.one, spec, dead).await;
+        }
         let idle = self.queue.capacity() == self.queue.max_capacity()
             && self.slots.available_permits() == self.in_flight;
         if idle {
@@ -88,11 +103,6 @@ impl Batcher {
             }
         }
         let (reply, answer) = oneshot::channel();
-        let stopped = || {
-            AttemptError::Final(Error::Unavailable(
-                "postgres: the claim batcher stopped".into(),
-            ))
-        };
         self.queue
             .send(Pending {
                 spec: spec.clone(),

@@ -25,11 +25,42 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use super::backend_url::{split_options, Passthrough};
 use super::sql::{self, run_from_row, RUN_COLUMNS};
-use super::{Leases, Store, StoreInfo, StoreOptions};
+use super::{Backend, Leases, Store, StoreInfo, StoreOptions};
 use crate::claim::*;
 use crate::error::{Error, Result};
+pub(super) use writer::MAX_BATCH;
 use writer::{now, Phase, Writer};
+
+/// Parses `sqlite://PATH[?max_batch=N]`. `max_batch` (1 to [`MAX_BATCH`],
+/// default [`MAX_BATCH`]) bounds the writes of one group commit; 1 commits
+/// every write on its own. Any other option is refused by name.
+pub(super) fn parse_url(url: &str) -> Result<Backend> {
+    let opts = split_options(url, &["max_batch"], Passthrough::Only(&[]))?;
+    opts.each_once()?;
+    let path = opts.base.strip_prefix("sqlite://").unwrap_or_default();
+    if path.is_empty() {
+        return Err(Error::invalid("backend", "sqlite:// needs a file path"));
+    }
+    let max_batch = match opts.get("max_batch") {
+        None => MAX_BATCH,
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_BATCH).contains(n))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "max_batch",
+                    format!("must be a number from 1 to {MAX_BATCH}, got {v:?}"),
+                )
+            })?,
+    };
+    Ok(Backend::Sqlite {
+        path: path.to_owned(),
+        max_batch,
+    })
+}
 
 /// The SQLite store: sqlx runs the migrations and the reads that never
 /// write (history, ping); every operation that may write goes to the
@@ -41,7 +72,9 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    pub async fn open(path: &str, opts: &StoreOptions) -> Result<SqliteStore> {
+    /// Opens (creating it if need be) the file at `path` and starts its
+    /// writer, whose transactions carry up to `max_batch` writes.
+    pub async fn open(path: &str, max_batch: usize, opts: &StoreOptions) -> Result<SqliteStore> {
         if let Some(dir) = Path::new(path).parent() {
             if !dir.as_os_str().is_empty() {
                 std::fs::create_dir_all(dir).map_err(|e| {
@@ -68,7 +101,7 @@ impl SqliteStore {
             .fetch_one(&pool)
             .await
             .map_err(convert)?;
-        let writer = Writer::start(path, opts.busy_timeout)?;
+        let writer = Writer::start(path, opts.busy_timeout, max_batch)?;
         Ok(SqliteStore {
             pool,
             writer,
@@ -338,8 +371,12 @@ mod tests {
     use super::*;
 
     async fn store(dir: &tempfile::TempDir) -> SqliteStore {
+        store_with(dir, MAX_BATCH).await
+    }
+
+    async fn store_with(dir: &tempfile::TempDir, max_batch: usize) -> SqliteStore {
         let path = dir.path().join("a.db");
-        SqliteStore::open(path.to_str().unwrap(), &StoreOptions::default())
+        SqliteStore::open(path.to_str().unwrap(), max_batch, &StoreOptions::default())
             .await
             .unwrap()
     }
@@ -372,12 +409,10 @@ mod tests {
             == 1
     }
 
-    /// In one batch, an operation that fails after writing is rolled back to
-    /// its savepoint and answered with its own error; the others commit.
-    #[tokio::test]
-    async fn a_failing_operation_does_not_fail_its_batch() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = store(&dir).await;
+    /// Three writes (the second fails after writing) queued together behind
+    /// a blocker on the writer thread; returns the transactions they took and
+    /// their answers.
+    async fn three_queued_writes(s: &SqliteStore) -> (u64, [Result<()>; 3]) {
         // The writer thread waits in this plain read until `go`; the three
         // writes are sent only once it waits there, so they queue up behind
         // it and run as one batch (sent before, one of them could share the
@@ -410,11 +445,34 @@ mod tests {
         };
         let (held, (ok1, bad, ok2, ())) = tokio::join!(blocker, writes);
         held.unwrap();
-        assert_eq!(
-            s.writer.commits(),
-            commits + 1,
-            "the three writes are one batch"
-        );
+        (s.writer.commits() - commits, [ok1, bad, ok2])
+    }
+
+    /// In one batch, an operation that fails after writing is rolled back to
+    /// its savepoint and answered with its own error; the others commit.
+    #[tokio::test]
+    async fn a_failing_operation_does_not_fail_its_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        let (commits, [ok1, bad, ok2]) = three_queued_writes(&s).await;
+        assert_eq!(commits, 1, "the three writes are one batch");
+        ok1.unwrap();
+        assert!(matches!(bad, Err(Error::Store(_))), "{bad:?}");
+        ok2.unwrap();
+        assert!(has_key(&s, "ok1").await);
+        assert!(!has_key(&s, "bad").await);
+        assert!(has_key(&s, "ok2").await);
+    }
+
+    /// `max_batch=1`: the same queued writes commit one by one, with the
+    /// same answers.
+    #[tokio::test]
+    async fn max_batch_one_commits_every_write_on_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store_with(&dir, 1).await;
+        let (commits, [ok1, bad, ok2]) = three_queued_writes(&s).await;
+        // The failing write rolls its own transaction back: two commits.
+        assert_eq!(commits, 2, "one transaction per write");
         ok1.unwrap();
         assert!(matches!(bad, Err(Error::Store(_))), "{bad:?}");
         ok2.unwrap();

@@ -3,7 +3,7 @@
 //! Every operation that may write (claim, renew, release, ending leases,
 //! liveness beats, pruning) is sent to one dedicated thread that owns a
 //! `rusqlite` connection. The thread takes the first operation waiting, plus
-//! whatever else is already queued (up to [`MAX_BATCH`]; it never waits for a
+//! whatever else is already queued (up to `max_batch`, at most [`MAX_BATCH`]; it never waits for a
 //! batch to fill, so one client pays no batching delay), and then:
 //!
 //! 1. answers what a plain read settles (most losing claims, resends, refused
@@ -45,8 +45,9 @@ use super::super::sql::{self, RunAccess, RUN_COLUMNS};
 use crate::claim::*;
 use crate::error::{Error, Result};
 
-/// The most operations one transaction gathers.
-pub(super) const MAX_BATCH: usize = 64;
+/// The most operations one transaction gathers (and the default of the
+/// URL's `max_batch`).
+pub const MAX_BATCH: usize = 64;
 /// Operations waiting for the thread, at most (senders wait beyond it).
 const QUEUE: usize = 4096;
 
@@ -72,7 +73,7 @@ pub(super) struct Writer {
 impl Writer {
     /// Opens the writer's connection on `path` (the migrations have run) and
     /// starts its thread.
-    pub(super) fn start(path: &str, busy_timeout: Duration) -> Result<Writer> {
+    pub(super) fn start(path: &str, busy_timeout: Duration, max_batch: usize) -> Result<Writer> {
         let conn = open(path, busy_timeout).map_err(convert)?;
         conn.pragma_update(None, "wal_autocheckpoint", AUTOCHECKPOINT_PAGES)
             .map_err(convert)?;
@@ -81,7 +82,7 @@ impl Writer {
         let counted = commits.clone();
         std::thread::Builder::new()
             .name("anarchon-sqlite-writer".into())
-            .spawn(move || serve(conn, rx, &counted))
+            .spawn(move || serve(conn, rx, max_batch.clamp(1, MAX_BATCH), &counted))
             .map_err(|e| Error::Store(format!("cannot start the sqlite writer: {e}")))?;
         Ok(Writer { ops: tx, commits })
     }
@@ -204,11 +205,16 @@ where
 
 /// The thread: take what is queued, settle the reads, commit the rest as one
 /// transaction.
-fn serve(mut conn: Connection, mut rx: mpsc::Receiver<Box<dyn Step>>, commits: &AtomicU64) {
-    let mut batch: Vec<Box<dyn Step>> = Vec::with_capacity(MAX_BATCH);
+fn serve(
+    mut conn: Connection,
+    mut rx: mpsc::Receiver<Box<dyn Step>>,
+    max_batch: usize,
+    commits: &AtomicU64,
+) {
+    let mut batch: Vec<Box<dyn Step>> = Vec::with_capacity(max_batch);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
-        while batch.len() < MAX_BATCH {
+        while batch.len() < max_batch {
             match rx.try_recv() {
                 Ok(op) => batch.push(op),
                 Err(_) => break,
