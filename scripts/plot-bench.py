@@ -107,11 +107,12 @@ def main():
         cs = sorted(c for bb, c in runs if bb == b)
         print(f"#### {b}\n")
         print(
-            "| clients | sidecar claims/s | raw claims/s | sidecar ÷ raw | etcd claims/s | sidecar ÷ etcd "
+            "| clients | sidecar claims/s | raw claims/s | sidecar ÷ raw | raw 1/commit claims/s | sidecar ÷ raw 1/commit "
+            "| etcd claims/s | sidecar ÷ etcd "
             "| sidecar p50 / p99 ms | raw p99 ms | etcd p99 ms | p99 overhead ms | RSS idle / load MiB | ready ms "
             "| sidecar CPU µs/claim | etcd CPU µs/claim | Redis Lua µs/call | load avg |"
         )
-        print("|" + "---|" * 16)
+        print("|" + "---|" * 18)
         for c in cs:
             rows = runs[(b, c)]
             sc = med(rows, "sidecar_claims_per_s")
@@ -120,6 +121,7 @@ def main():
             vs = f"{sc / e:.2f}" if sc and e else "–"
             print(
                 f"| {c} | {fmt(sc)} | {fmt(med(rows, 'raw_claims_per_s'))} | {fmt(med(rows, 'ratio'), 2)} "
+                f"| {fmt(med(rows, 'raw_single_claims_per_s'))} | {fmt(med(rows, 'ratio_vs_single'), 2)} "
                 f"| {fmt(e)} | {vs} | {fmt(med(rows, 'p50_ms'), 2)} / {fmt(med(rows, 'p99_ms'), 2)} "
                 f"| {fmt(med(rows, 'raw', 'p99_ms'), 2)} | {fmt(ep99, 2)} | {fmt(med(rows, 'overhead_p99_ms'), 2)} "
                 f"| {fmt(med(rows, 'rss_idle_mib'), 1)} / {fmt(med(rows, 'rss_load_mib'), 1)} "

@@ -2,7 +2,9 @@
 //! (and optionally etcd), in one run on the same machine.
 //!
 //! * **raw**: N tasks call `Store::claim` directly (the same atomic step the
-//!   sidecar runs, without gRPC).
+//!   sidecar runs, without gRPC). On SQLite and PostgreSQL also **raw
+//!   1/commit**: the same with group commit off (`max_batch=1`), one claim
+//!   per transaction — the "raw single-claim step".
 //! * **sidecar**: a real `anarchon serve` child process on loopback ports
 //!   (start-to-ready time, RSS idle and under load), N gRPC clients in this
 //!   process, one connection each, calling `Claim`.
@@ -205,6 +207,26 @@ pub async fn raw(store: &DynStore, clients: usize, seconds: f64) -> anyhow::Resu
     .await
 }
 
+/// The URL of the same store with its group commit off, for the raw
+/// single-claim step (one claim per transaction, as many at once as the
+/// store allows): `max_batch=1`, and for PostgreSQL every pool connection
+/// in use. `None` for a store without group commit, or a URL that sets
+/// `max_batch` itself.
+pub fn single_claim_url(url: &str) -> Option<String> {
+    if url.contains("max_batch=") {
+        return None;
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    match store::Backend::parse(url).ok()? {
+        store::Backend::Sqlite { .. } => Some(format!("{url}{sep}max_batch=1")),
+        store::Backend::Postgres(t) => Some(format!(
+            "{url}{sep}max_batch=1&batches_in_flight={}",
+            t.max_connections
+        )),
+        _ => None,
+    }
+}
+
 /// The 1-minute load average, as a record of how busy the machine was.
 fn loadavg() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
@@ -243,6 +265,8 @@ struct Report {
     seconds: f64,
     mode: String,
     raw: Option<PathFigures>,
+    /// The raw step with one claim per transaction (SQLite, PostgreSQL).
+    raw_single: Option<PathFigures>,
     sidecar: PathFigures,
     proc: ProcFigures,
     etcd: Option<(PathFigures, ProcFigures)>,
@@ -303,6 +327,16 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
         (Some(s), "raw" | "etcd") => Some(raw(s, clients, a.seconds).await?),
         _ => None,
     };
+    // The same step with one claim per transaction (no group commit), on
+    // the stores that have one: what the sidecar's ratio to "the raw
+    // single-claim step" is measured against.
+    let single_fig = match (single_claim_url(&url), a.against.as_str()) {
+        (Some(u), "raw" | "etcd") => {
+            let single = store::open(&u, &StoreOptions::default()).await?;
+            Some(raw(&single, clients, a.seconds).await?)
+        }
+        _ => None,
+    };
     if a.age.is_none() {
         store = None;
     }
@@ -354,6 +388,7 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
         seconds: a.seconds,
         mode: a.sidecar.clone(),
         raw: raw_fig,
+        raw_single: single_fig,
         sidecar: sc_fig,
         proc,
         etcd,
@@ -419,6 +454,11 @@ impl Report {
             v["overhead_p50_ms"] = json!(round(sc.ms(0.5) - r.ms(0.5)));
             v["overhead_p99_ms"] = json!(round(sc.ms(0.99) - r.ms(0.99)));
         }
+        if let Some(r) = &self.raw_single {
+            v["raw_single_claims_per_s"] = json!(round(r.per_s()));
+            v["ratio_vs_single"] = json!(ratio(sc, r));
+            v["raw_single"] = r.json();
+        }
         if let Some((e, p)) = &self.etcd {
             v["etcd_claims_per_s"] = json!(round(e.per_s()));
             v["etcd_p50_ms"] = json!(round(e.ms(0.5)));
@@ -466,6 +506,9 @@ impl Report {
         if let Some(r) = &self.raw {
             row("raw", r);
         }
+        if let Some(r) = &self.raw_single {
+            row("raw 1/commit", r);
+        }
         row("sidecar", &self.sidecar);
         if let Some((e, _)) = &self.etcd {
             row("etcd", e);
@@ -476,6 +519,12 @@ impl Report {
         }
         if let Some(r) = &self.raw {
             println!("ratio sidecar/raw: {:.2}", ratio(&self.sidecar, r));
+        }
+        if let Some(r) = &self.raw_single {
+            println!(
+                "ratio sidecar/raw single-claim step: {:.2}",
+                ratio(&self.sidecar, r)
+            );
         }
         if let Some((e, _)) = &self.etcd {
             println!("ratio sidecar/etcd: {:.2}", ratio(&self.sidecar, e));
@@ -530,5 +579,35 @@ impl Report {
         if let (Some(s), Some(e)) = self.load {
             println!("load average: {s:.2} at the start, {e:.2} at the end");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::single_claim_url;
+
+    #[test]
+    fn the_single_claim_step_turns_group_commit_off() {
+        assert_eq!(
+            single_claim_url("sqlite:///tmp/b.db").as_deref(),
+            Some("sqlite:///tmp/b.db?max_batch=1")
+        );
+        assert_eq!(
+            single_claim_url("postgres://u@h:5432/db?table=t&max_connections=8").as_deref(),
+            Some(
+                "postgres://u@h:5432/db?table=t&max_connections=8&max_batch=1&batches_in_flight=8"
+            )
+        );
+        // Both parse: the step is measured on the store the URL names.
+        for u in ["sqlite:///tmp/b.db", "postgres://u@h:5432/db?table=t"] {
+            let single = single_claim_url(u).unwrap();
+            assert!(crate::store::Backend::parse(&single).is_ok(), "{single}");
+        }
+        // No group commit to turn off, or the URL chose its own batch.
+        assert_eq!(
+            single_claim_url("redis://127.0.0.1:6379/0?strategy=lease"),
+            None
+        );
+        assert_eq!(single_claim_url("sqlite:///tmp/b.db?max_batch=8"), None);
     }
 }
