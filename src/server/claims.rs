@@ -2,7 +2,8 @@
 //!
 //! Each RPC validates its request (see [`super::validate`]), asks the store
 //! with the current dead-holder set, and answers. One span per RPC carries
-//! `job`, `slot` and `outcome`.
+//! `job`, `slot` and `outcome` (`debug` for the unary RPCs, `info` for a
+//! `Hold` stream: see `rpc_span!`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -189,7 +190,7 @@ impl ClaimsState {
             Some(cap) => Ok(cap),
             None => {
                 if let Err(e) = self.end_lease(spec).await {
-                    tracing::warn!(error = %e, "could not hand back a win the self-fence no longer covers");
+                    tracing::warn!(job = %spec.job, slot = spec.slot_ms, error = %e, "could not hand back a win the self-fence no longer covers");
                 }
                 Err(Error::Unavailable(
                     "this sidecar's liveness confirmation ran out during the claim; the win was handed back"
@@ -249,9 +250,18 @@ impl ClaimsState {
     }
 
     fn fail(&self, e: Error) -> Status {
+        self.fail_at(e, None)
+    }
+
+    /// [`Self::fail`] for the RPC of `at` (job, slot): the warning names them
+    /// itself, since a unary RPC's span is off at the default `info`.
+    fn fail_at(&self, e: Error, at: Option<(&str, i64)>) -> Status {
         self.metrics.record_error(&e);
         if matches!(e, Error::Unavailable(_) | Error::Store(_)) {
-            tracing::warn!(error = %e, "store error");
+            match at {
+                Some((job, slot)) => tracing::warn!(job, slot, error = %e, "store error"),
+                None => tracing::warn!(error = %e, "store error"),
+            }
         }
         e.into()
     }
@@ -299,26 +309,23 @@ impl ClaimsState {
     async fn rpc<T>(
         &self,
         rpc: &'static str,
-        span: tracing::Span,
+        (span, job, slot): (tracing::Span, &str, i64),
         body: impl std::future::Future<Output = Result<(T, &'static str)>>,
     ) -> Result<T, Status> {
         let started = Instant::now();
-        async move {
-            let answer = body.await;
-            self.observe(rpc, started);
-            match answer {
-                Ok((reply, outcome)) => {
-                    tracing::Span::current().record("outcome", outcome);
-                    Ok(reply)
-                }
-                Err(e) => {
-                    tracing::Span::current().record("outcome", e.kind());
-                    Err(self.fail(e))
-                }
+        let answer = body.instrument(span.clone()).await;
+        self.observe(rpc, started);
+        match answer {
+            Ok((reply, outcome)) => {
+                span.record("outcome", outcome);
+                Ok(reply)
+            }
+            Err(e) => {
+                span.record("outcome", e.kind());
+                let _in = span.enter();
+                Err(self.fail_at(e, Some((job, slot))))
             }
         }
-        .instrument(span)
-        .await
     }
 
     /// The claim of `Claim` and `Hold`: validated, decided (with its wait),
@@ -346,10 +353,32 @@ impl ClaimsState {
     }
 }
 
-/// The span of a `Claims` RPC: its job and slot, and the outcome to come.
+/// The span of a `Claims` RPC: its job and slot, and the outcome to come;
+/// with the span, the job and slot that [`ClaimsState::rpc`] names in its
+/// error warning.
+///
+/// A unary RPC's span is at `debug` (`RUST_LOG=anarchon=debug` shows it):
+/// at `info` building it, entering it at every poll and formatting its
+/// fields cost 8–11 % of the sidecar's CPU per claim (docs/BENCHMARKS.md,
+/// round 5), while no `info` line is written inside a claim that goes well;
+/// the warnings that can be (a store error, a win handed back) name the job
+/// and slot themselves. A `Hold` stream's span stays at `info`: its events
+/// (LOST_LEASE, a broken stream) are written at `info` and need the context,
+/// and a stream builds it once.
 macro_rules! rpc_span {
-    ($name:literal, $job:expr, $slot:expr) => {
-        tracing::info_span!($name, job = %$job, slot = $slot, outcome = Empty)
+    (debug, $name:literal, $job:expr, $slot:expr) => {
+        (
+            tracing::debug_span!($name, job = %$job, slot = $slot, outcome = Empty),
+            $job.as_str(),
+            $slot,
+        )
+    };
+    (info, $name:literal, $job:expr, $slot:expr) => {
+        (
+            tracing::info_span!($name, job = %$job, slot = $slot, outcome = Empty),
+            $job.as_str(),
+            $slot,
+        )
     };
 }
 
@@ -362,7 +391,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span = rpc_span!("claim", req.job, req.slot_ms);
+        let span = rpc_span!(debug, "claim", req.job, req.slot_ms);
         let (_, answer, valid_for_ms) = state
             .rpc("claim", span, state.claim_counted("claim", &req, deadline))
             .await?;
@@ -376,7 +405,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span = rpc_span!("renew", req.job, req.slot_ms);
+        let span = rpc_span!(debug, "renew", req.job, req.slot_ms);
         let body = async {
             let spec = validate::renew(&req, &state.defaults)?;
             let Some(leases) = state.store.leases() else {
@@ -418,7 +447,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span = rpc_span!("release", req.job, req.slot_ms);
+        let span = rpc_span!(debug, "release", req.job, req.slot_ms);
         let body = async {
             let spec = validate::release(&req)?;
             let dead = state.guard.dead_holders();
@@ -449,13 +478,10 @@ impl pb::claims_server::Claims for ClaimsService {
             .hold_permit(request.remote_addr().map(|addr| addr.ip()))
             .map_err(|e| state.fail(e))?;
         let req = request.into_inner();
-        let span = rpc_span!("hold", req.job, req.slot_ms);
+        let at = rpc_span!(info, "hold", req.job, req.slot_ms);
+        let span = at.0.clone();
         let (valid, answer, valid_for_ms) = state
-            .rpc(
-                "hold",
-                span.clone(),
-                state.claim_counted("hold", &req, deadline),
-            )
+            .rpc("hold", at, state.claim_counted("hold", &req, deadline))
             .await?;
 
         let (tx, rx) = mpsc::channel(8);
@@ -509,7 +535,11 @@ impl pb::claims_server::Claims for ClaimsService {
         let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span = tracing::info_span!("history", job = %req.job, slot = Empty, outcome = Empty);
+        let span = (
+            tracing::debug_span!("history", job = %req.job, slot = Empty, outcome = Empty),
+            req.job.as_str(),
+            0,
+        );
         let body = async {
             let (job, limit, before) = validate::history(&req)?;
             let page = with_deadline(deadline, state.store.history(&job, limit, before)).await?;
