@@ -362,7 +362,8 @@ async fn cron_waits_for_a_sidecar_that_is_not_up_yet() {
 
 /// Issue 21 (7): a 3 s sidecar outage delays ticks but misses none: ticks a
 /// few seconds old are within max-late (30 s), so they run once the sidecar
-/// is back instead of being reported as MISSED.
+/// is back instead of being reported as MISSED. A tick whose command runs
+/// at the moment of the kill is cut and said to be (LEASE LOST).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_sidecar_outage_misses_no_tick() {
     let _turn = TURN.lock().await;
@@ -385,7 +386,20 @@ async fn a_short_sidecar_outage_misses_no_tick() {
     slots.sort();
     slots.dedup();
     assert!(slots.len() >= 6, "{slots:?}\n{log}");
+    // Every tick ran, except one whose command was running when the sidecar
+    // was killed: that run is cut (its hold stream ended) and reported as
+    // LEASE LOST, never skipped in silence. The kill lands inside a tick's
+    // run only now and then, so at most one such tick.
+    let mut cut = 0;
     for w in slots.windows(2) {
-        assert_eq!(w[1] - w[0], 1000, "a tick was skipped: {slots:?}\n{log}");
+        for missing in (w[0] + 1000..w[1]).step_by(1000) {
+            assert!(
+                log.contains(&format!("LEASE LOST outage slot={missing} ")),
+                "a tick was skipped: {missing} in {slots:?}\n{log}"
+            );
+            cut += 1;
+        }
+        assert_eq!((w[1] - w[0]) % 1000, 0, "{slots:?}");
     }
+    assert!(cut <= 1, "{cut} ticks cut by one outage: {slots:?}\n{log}");
 }
