@@ -264,6 +264,15 @@ pub async fn cron(a: CronArgs) -> ExitCode {
                         break;
                     }
                     Ok(HeldRun::Stopped(_)) => return ExitCode::SUCCESS,
+                    Ok(HeldRun::TooLate(claim, age)) => {
+                        eprintln!(
+                            "anarchon cron: LATE {} slot={slot} attempt={}: won {age} ms after the tick, past max-late {}; not run",
+                            a.job,
+                            claim.attempt,
+                            crate::duration::human(a.max_late)
+                        );
+                        break;
+                    }
                     Ok(HeldRun::LeaseLost(claim)) => {
                         eprintln!(
                             "anarchon cron: LEASE LOST {} slot={slot} attempt={}",

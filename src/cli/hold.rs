@@ -191,6 +191,10 @@ pub enum HeldRun {
     /// Won, and we were asked to stop; the command was stopped and the run
     /// released as FAILED.
     Stopped(pb::ClaimResponse),
+    /// Won, but by this host's clock the slot was already older than the
+    /// request's `max_late_ms` when the command was about to start (this
+    /// process was paused, say): not run, released as FAILED. The age, ms.
+    TooLate(pb::ClaimResponse, i64),
 }
 
 /// Claims through a `Hold` stream; if won, runs `cmd` while the sidecar
@@ -203,6 +207,7 @@ pub async fn hold_run(
 ) -> Result<HeldRun, tonic::Status> {
     let job = req.job.clone();
     let slot = req.slot_ms;
+    let max_late_ms = req.max_late_ms;
     let sent = Instant::now();
     let mut stream = c.hold(req).await?.into_inner();
     let (first, first_deadline) = match stream.message().await? {
@@ -219,6 +224,13 @@ pub async fn hold_run(
     };
     if first.outcome != pb::Outcome::Won as i32 {
         return Ok(HeldRun::NotWon(first));
+    }
+    // The store judged lateness when it decided; a process paused after
+    // that (SIGSTOP, a frozen VM) must not start a stale run on waking.
+    let age = crate::claim::host_now_ms() - slot;
+    if max_late_ms > 0 && age > max_late_ms {
+        let _ = release(c, &job, slot, &first.token, false).await;
+        return Ok(HeldRun::TooLate(first, age));
     }
     let ended = match run_held(
         cmd,
@@ -302,6 +314,13 @@ pub async fn hold(a: HoldArgs) -> ExitCode {
         Ok(HeldRun::LeaseLost(r)) => {
             show(&r);
             ExitCode::from(EXIT_LEASE_LOST)
+        }
+        Ok(HeldRun::TooLate(r, age)) => {
+            show(&r);
+            eprintln!(
+                "anarchon: won {age} ms after the slot, past max-late by this host's clock (was this process paused?); not run, released as FAILED"
+            );
+            ExitCode::from(EXIT_NOT_WON)
         }
         Ok(HeldRun::Stopped(r)) => {
             show(&r);
