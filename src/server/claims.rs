@@ -250,18 +250,16 @@ impl ClaimsState {
     }
 
     fn fail(&self, e: Error) -> Status {
-        self.fail_at(e, None)
+        self.fail_at(e, None, None)
     }
 
-    /// [`Self::fail`] for the RPC of `at` (job, slot): the warning names them
-    /// itself, since a unary RPC's span is off at the default `info`.
-    fn fail_at(&self, e: Error, at: Option<(&str, i64)>) -> Status {
+    /// [`Self::fail`] for an RPC of `job` (and `slot`): the warning names
+    /// them itself, since a unary RPC's span is off at the default `info`.
+    /// A `None` field is left out of the line.
+    fn fail_at(&self, e: Error, job: Option<&str>, slot: Option<i64>) -> Status {
         self.metrics.record_error(&e);
         if matches!(e, Error::Unavailable(_) | Error::Store(_)) {
-            match at {
-                Some((job, slot)) => tracing::warn!(job, slot, error = %e, "store error"),
-                None => tracing::warn!(error = %e, "store error"),
-            }
+            tracing::warn!(job, slot, error = %e, "store error");
         }
         e.into()
     }
@@ -309,7 +307,7 @@ impl ClaimsState {
     async fn rpc<T>(
         &self,
         rpc: &'static str,
-        (span, job, slot): (tracing::Span, &str, i64),
+        (span, job, slot): (tracing::Span, &str, Option<i64>),
         body: impl std::future::Future<Output = Result<(T, &'static str)>>,
     ) -> Result<T, Status> {
         let started = Instant::now();
@@ -323,7 +321,7 @@ impl ClaimsState {
             Err(e) => {
                 span.record("outcome", e.kind());
                 let _in = span.enter();
-                Err(self.fail_at(e, Some((job, slot))))
+                Err(self.fail_at(e, Some(job), slot))
             }
         }
     }
@@ -366,18 +364,11 @@ impl ClaimsState {
 /// (LOST_LEASE, a broken stream) are written at `info` and need the context,
 /// and a stream builds it once.
 macro_rules! rpc_span {
-    (debug, $name:literal, $job:expr, $slot:expr) => {
+    ($level:ident, $name:literal, $job:expr, $slot:expr) => {
         (
-            tracing::debug_span!($name, job = %$job, slot = $slot, outcome = Empty),
+            tracing::span!(tracing::Level::$level, $name, job = %$job, slot = $slot, outcome = Empty),
             $job.as_str(),
-            $slot,
-        )
-    };
-    (info, $name:literal, $job:expr, $slot:expr) => {
-        (
-            tracing::info_span!($name, job = %$job, slot = $slot, outcome = Empty),
-            $job.as_str(),
-            $slot,
+            Some($slot),
         )
     };
 }
@@ -391,7 +382,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span = rpc_span!(debug, "claim", req.job, req.slot_ms);
+        let span = rpc_span!(DEBUG, "claim", req.job, req.slot_ms);
         let (_, answer, valid_for_ms) = state
             .rpc("claim", span, state.claim_counted("claim", &req, deadline))
             .await?;
@@ -405,7 +396,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span = rpc_span!(debug, "renew", req.job, req.slot_ms);
+        let span = rpc_span!(DEBUG, "renew", req.job, req.slot_ms);
         let body = async {
             let spec = validate::renew(&req, &state.defaults)?;
             let Some(leases) = state.store.leases() else {
@@ -447,7 +438,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let state = &self.0;
         let deadline = deadline(&request);
         let req = request.into_inner();
-        let span = rpc_span!(debug, "release", req.job, req.slot_ms);
+        let span = rpc_span!(DEBUG, "release", req.job, req.slot_ms);
         let body = async {
             let spec = validate::release(&req)?;
             let dead = state.guard.dead_holders();
@@ -478,7 +469,7 @@ impl pb::claims_server::Claims for ClaimsService {
             .hold_permit(request.remote_addr().map(|addr| addr.ip()))
             .map_err(|e| state.fail(e))?;
         let req = request.into_inner();
-        let at = rpc_span!(info, "hold", req.job, req.slot_ms);
+        let at = rpc_span!(INFO, "hold", req.job, req.slot_ms);
         let span = at.0.clone();
         let (valid, answer, valid_for_ms) = state
             .rpc("hold", at, state.claim_counted("hold", &req, deadline))
@@ -538,7 +529,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let span = (
             tracing::debug_span!("history", job = %req.job, slot = Empty, outcome = Empty),
             req.job.as_str(),
-            0,
+            None,
         );
         let body = async {
             let (job, limit, before) = validate::history(&req)?;
