@@ -82,6 +82,20 @@ pub fn split_options(url: &str, own: &[&str], passthrough: Passthrough<'_>) -> R
     Ok(out)
 }
 
+/// A whole number option `field=v` within `1..=max`, or an error naming
+/// `field`.
+pub fn count(field: &'static str, v: &str, max: usize) -> Result<usize> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| {
+            Error::invalid(
+                field,
+                format!("must be a number from 1 to {max}, got {v:?}"),
+            )
+        })
+}
+
 fn bad(m: impl Into<String>) -> Error {
     Error::invalid("backend", m)
 }

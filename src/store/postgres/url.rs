@@ -1,6 +1,6 @@
 //! The PostgreSQL backend URL: where the store is and how it runs.
 
-use super::super::backend_url::{split_options, Passthrough};
+use super::super::backend_url::{count, split_options, Passthrough};
 use super::super::Backend;
 use crate::error::{Error, Result};
 
@@ -69,25 +69,14 @@ pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
     let mut claim = PgClaim::Function;
     let mut max_batch = DEFAULT_MAX_BATCH;
     let mut batches_in_flight = DEFAULT_BATCHES_IN_FLIGHT;
-    let number = |field: &'static str, v: &str, max: usize| {
-        v.parse::<usize>()
-            .ok()
-            .filter(|n| (1..=max).contains(n))
-            .ok_or_else(|| {
-                Error::invalid(
-                    field,
-                    format!("must be a number from 1 to {max}, got {v:?}"),
-                )
-            })
-    };
     for (k, v) in &opts.own {
         match k.as_str() {
             "table" => table = v.clone(),
             "max_connections" => {
-                max_connections = number("max_connections", v, 1000)? as u32;
+                max_connections = count("max_connections", v, 1000)? as u32;
             }
-            "max_batch" => max_batch = number("max_batch", v, 64)?,
-            "batches_in_flight" => batches_in_flight = number("batches_in_flight", v, 1000)?,
+            "max_batch" => max_batch = count("max_batch", v, 64)?,
+            "batches_in_flight" => batches_in_flight = count("batches_in_flight", v, 1000)?,
             "claim" => {
                 claim = match v.as_str() {
                     "function" => PgClaim::Function,

@@ -25,7 +25,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::backend_url::{split_options, Passthrough};
+use super::backend_url::{count, split_options, Passthrough};
 use super::sql::{self, run_from_row, RUN_COLUMNS};
 use super::{Backend, Leases, Store, StoreInfo, StoreOptions};
 use crate::claim::*;
@@ -45,16 +45,7 @@ pub(super) fn parse_url(url: &str) -> Result<Backend> {
     }
     let max_batch = match opts.get("max_batch") {
         None => MAX_BATCH,
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_BATCH).contains(n))
-            .ok_or_else(|| {
-                Error::invalid(
-                    "max_batch",
-                    format!("must be a number from 1 to {MAX_BATCH}, got {v:?}"),
-                )
-            })?,
+        Some(v) => count("max_batch", v, MAX_BATCH)?,
     };
     Ok(Backend::Sqlite {
         path: path.to_owned(),
@@ -454,14 +445,21 @@ mod tests {
     async fn a_failing_operation_does_not_fail_its_batch() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(&dir).await;
-        let (commits, [ok1, bad, ok2]) = three_queued_writes(&s).await;
+        let (commits, answers) = three_queued_writes(&s).await;
         assert_eq!(commits, 1, "the three writes are one batch");
+        each_answered_on_its_own(&s, answers).await;
+    }
+
+    /// The answers of [`three_queued_writes`], however they were committed:
+    /// the two good writes land, the failing one is answered with its own
+    /// error and leaves nothing.
+    async fn each_answered_on_its_own(s: &SqliteStore, [ok1, bad, ok2]: [Result<()>; 3]) {
         ok1.unwrap();
         assert!(matches!(bad, Err(Error::Store(_))), "{bad:?}");
         ok2.unwrap();
-        assert!(has_key(&s, "ok1").await);
-        assert!(!has_key(&s, "bad").await);
-        assert!(has_key(&s, "ok2").await);
+        assert!(has_key(s, "ok1").await);
+        assert!(!has_key(s, "bad").await);
+        assert!(has_key(s, "ok2").await);
     }
 
     /// `max_batch=1`: the same queued writes commit one by one, with the
@@ -470,15 +468,10 @@ mod tests {
     async fn max_batch_one_commits_every_write_on_its_own() {
         let dir = tempfile::tempdir().unwrap();
         let s = store_with(&dir, 1).await;
-        let (commits, [ok1, bad, ok2]) = three_queued_writes(&s).await;
+        let (commits, answers) = three_queued_writes(&s).await;
         // The failing write rolls its own transaction back: two commits.
         assert_eq!(commits, 2, "one transaction per write");
-        ok1.unwrap();
-        assert!(matches!(bad, Err(Error::Store(_))), "{bad:?}");
-        ok2.unwrap();
-        assert!(has_key(&s, "ok1").await);
-        assert!(!has_key(&s, "bad").await);
-        assert!(has_key(&s, "ok2").await);
+        each_answered_on_its_own(&s, answers).await;
     }
 
     /// Writes `n` values of 16,000 bytes under `tag`, one operation each.
