@@ -21,8 +21,8 @@ use anyhow::Context;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
 
 use super::process::{
-    cpu_seconds, cpu_us_per_claim, free_port, ready_figures, status_kib, Guarded, ProcFigures,
-    RssSampler,
+    cpu_seconds, cpu_us_per_claim, free_port, ready_figures, retry_taken_ports, status_kib,
+    Guarded, ProcFigures, RssSampler,
 };
 use super::{drive, PathFigures};
 
@@ -46,9 +46,17 @@ async fn connect(endpoint: &str) -> Result<Client, etcd_client::Error> {
 }
 
 /// Starts etcd on free loopback ports (never the system's 2379) with a
-/// fresh data dir under `dir`; ready once it answers `Status`.
+/// fresh data dir under `dir`; ready once it answers `Status`. etcd takes its
+/// ports as numbers, chosen here and bound there a moment later, so it is
+/// started again on new ports if one was taken in between
+/// ([`retry_taken_ports`]).
 pub async fn start(dir: &Path) -> anyhow::Result<EtcdServer> {
+    retry_taken_ports("etcd", || start_once(dir)).await
+}
+
+async fn start_once(dir: &Path) -> anyhow::Result<EtcdServer> {
     let data = dir.join("etcd-data");
+    let _ = std::fs::remove_dir_all(&data);
     let (client_port, peer_port) = (free_port()?, free_port()?);
     let client_url = format!("http://127.0.0.1:{client_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");

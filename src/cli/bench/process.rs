@@ -70,9 +70,42 @@ impl Drop for Guarded {
 }
 
 /// A loopback port that was free a moment ago.
+// Only the etcd path (feature `etcd`) chooses its child's ports.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
+}
+
+/// Times [`retry_taken_ports`] starts a child at most.
+// Only the etcd path (feature `etcd`) chooses its child's ports.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub const PORT_TRIES: usize = 5;
+
+/// Runs `start` (which starts a child on ports from [`free_port`]) again,
+/// up to [`PORT_TRIES`] times in all, while it fails because a port was
+/// taken: a port chosen here is bound by the child a moment later, and
+/// another process (any outgoing connection's ephemeral port) can take it
+/// in between. Any other error is returned at once.
+// Only the etcd path (feature `etcd`) chooses its child's ports.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub async fn retry_taken_ports<T, F, Fut>(name: &str, mut start: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let mut tries = 1;
+    loop {
+        match start().await {
+            Err(e) if tries < PORT_TRIES && format!("{e:#}").contains("address already in use") => {
+                eprintln!(
+                    "anarchon bench: {name} lost a port before binding it; starting it on others"
+                );
+                tries += 1;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// A `kB` field (`VmRSS`, `VmHWM`) of `/proc/<pid>/status`, in KiB.
@@ -206,5 +239,54 @@ where
             );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A start that fails `taken` times with etcd's own words for a port
+    /// taken before it was bound, then succeeds; returns its result and how
+    /// many times it was called.
+    async fn start_after(taken: usize, other: bool) -> (anyhow::Result<u32>, usize) {
+        let mut calls = 0;
+        let got = retry_taken_ports("test", || {
+            calls += 1;
+            let n = calls;
+            async move {
+                if other {
+                    bail!("etcd exited early: the data dir is not writable");
+                }
+                if n <= taken {
+                    bail!("etcd exited early (exit status: 1); the end of its log:\nlisten tcp 127.0.0.1:41921: bind: address already in use");
+                }
+                Ok(7)
+            }
+        })
+        .await;
+        (got, calls)
+    }
+
+    #[tokio::test]
+    async fn a_taken_port_starts_the_child_again_on_others() {
+        let (got, calls) = start_after(2, false).await;
+        assert_eq!(got.ok(), Some(7));
+        assert_eq!(calls, 3);
+    }
+
+    #[tokio::test]
+    async fn ports_taken_every_time_give_up_after_the_last_try() {
+        let (got, calls) = start_after(usize::MAX, false).await;
+        let e = got.err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e.contains("address already in use"), "{e}");
+        assert_eq!(calls, PORT_TRIES);
+    }
+
+    #[tokio::test]
+    async fn any_other_failure_is_not_tried_again() {
+        let (got, calls) = start_after(0, true).await;
+        assert!(got.is_err());
+        assert_eq!(calls, 1);
     }
 }

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 use super::process::{
-    cpu_seconds, cpu_us_per_claim, free_port, ready_figures, status_kib, Guarded, ProcFigures,
+    cpu_seconds, cpu_us_per_claim, ready_figures, status_kib, wait_ready, Guarded, ProcFigures,
     RssSampler,
 };
 use super::{drive, PathFigures};
@@ -49,19 +49,23 @@ async fn answers(addr: SocketAddr) -> bool {
     )
 }
 
-/// Spawns `anarchon serve` (this very executable) on loopback ports with its
-/// own data dir; ready once it answers a `Claim`.
+/// Spawns `anarchon serve` (this very executable) on loopback ports the
+/// kernel picks (port 0, learnt from `--ready-file`: no port is chosen here
+/// and bound there later, so none can be taken in between) with its own
+/// data dir; ready once it answers a `Claim`.
 pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
     std::fs::create_dir_all(data_dir)?;
     let exe = std::env::current_exe()?;
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    let admin = format!("127.0.0.1:{}", free_port()?);
+    let ready_file = data_dir.join("ready");
+    let _ = std::fs::remove_file(&ready_file);
     let mut cmd = Command::new(exe);
     cmd.arg("serve")
         .arg("--listen")
-        .arg(addr.to_string())
+        .arg("127.0.0.1:0")
         .arg("--admin-listen")
-        .arg(&admin)
+        .arg("127.0.0.1:0")
+        .arg("--ready-file")
+        .arg(&ready_file)
         .arg("--data-dir")
         .arg(data_dir)
         .arg("--backend")
@@ -72,6 +76,7 @@ pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
         .env_remove("ANARCHON_CONFIG");
     let started = Instant::now();
     let mut child = Guarded::spawn("anarchon serve", cmd, &data_dir.join("serve.log"))?;
+    let addr = grpc_addr(&mut child, started, &ready_file).await?;
     let figures = ready_figures(&mut child, started, || answers(addr)).await?;
     Ok(Sidecar {
         addr,
@@ -79,6 +84,25 @@ pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
         child: Some(child),
         _stop: None,
     })
+}
+
+/// The `grpc=ADDR` line of the child's ready file, once it is written.
+async fn grpc_addr(
+    child: &mut Guarded,
+    started: Instant,
+    ready_file: &Path,
+) -> anyhow::Result<SocketAddr> {
+    let mut addr = None;
+    wait_ready(child, started, Duration::from_secs(60), || {
+        addr = std::fs::read_to_string(ready_file).ok().and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("grpc="))
+                .and_then(|a| a.trim().parse().ok())
+        });
+        std::future::ready(addr.is_some())
+    })
+    .await?;
+    addr.ok_or_else(|| anyhow::anyhow!("{} has no grpc= line", ready_file.display()))
 }
 
 /// Starts the server inside this process (the bench's earlier mode: client
