@@ -156,8 +156,10 @@ async fn kill(backend: &str) {
     let mut lab = Lab::start(backend, 3).await;
     let c = Clients::start(&lab, &job("kill")).await;
     tokio::time::sleep(ms(2 * HB)).await;
-    tokio::task::block_in_place(|| lab.nodes[0].sidecar.kill());
+    // Between two of its beats (see `mid_beat`: the lower bound is exact).
+    common::mesh::mid_beat(lab.nodes[0].sidecar.addr, ms(HB)).await;
     let killed = Instant::now();
+    tokio::task::block_in_place(|| lab.nodes[0].sidecar.kill());
     let end = killed + ms(EXPIRY + 10 * HB);
     while !matches!(c.checker.holder(), Some(1 | 2)) && Instant::now() < end {
         tokio::time::sleep(ms(5)).await;
@@ -458,8 +460,8 @@ async fn inject(lab: &mut Lab, c: &Clients, nft: &Nft, fault: Fault, t: &mut Tal
         }
         Fault::Kill => {
             *t.faults.entry("kill").or_default() += 1;
-            tokio::task::block_in_place(|| lab.nodes[h].sidecar.kill());
             let killed = Instant::now();
+            tokio::task::block_in_place(|| lab.nodes[h].sidecar.kill());
             let end = killed + ms(3 * EXPIRY);
             while !matches!(c.checker.holder(), Some(o) if o != h) && Instant::now() < end {
                 tokio::time::sleep(ms(5)).await;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
-use common::mesh::{client as mesh_client, list, record, until, Events};
+use common::mesh::{client as mesh_client, list, mid_beat, record, until, Events};
 use common::process::{free_addr, Sidecar};
 use common::proxy::FaultProxy;
 
@@ -93,9 +93,10 @@ async fn a_killed_sidecar_expires_and_its_restart_rejoins_as_the_same_runtime() 
     let watch2 = record(addrs[2], true).await.0;
     let old_instance = state_of(&list(addrs[1]).await, &nodes[0]).unwrap().2;
 
-    // SIGKILL runtime 0.
-    sidecars[0].kill();
+    // SIGKILL runtime 0, between two of its beats.
+    mid_beat(addrs[0], Duration::from_millis(HB)).await;
     let killed = Instant::now();
+    sidecars[0].kill();
     let lo = Duration::from_millis(EXPIRY - HB);
     let hi = Duration::from_millis(EXPIRY + 2 * HB + 500);
     for (i, watch) in [(1, &watch1), (2, &watch2)] {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
 use common::fake_peer::{live, FakeError, Life};
-use common::mesh::{client, list, mesh_flags, record, refs, until, Events};
+use common::mesh::{client, list, mesh_flags, mid_beat, record, refs, until, Events};
 use common::process::{free_addr, Sidecar};
 use futures::StreamExt;
 
@@ -265,6 +265,7 @@ async fn two_thousand_short_lived_runtimes_keep_the_view_bounded_and_are_each_li
         "the real newcomer was never listed: {}",
         common::http_get(a.admin, "/api/v1/mesh/state", None).await
     );
+    mid_beat(r.addr, Duration::from_millis(HB)).await;
     let killed = Instant::now();
     r.kill();
     let expired = until(Duration::from_millis(EXPIRY + 10 * HB), || async {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anarchon::mesh::Identity;
 use anarchon::proto as pb;
-use common::mesh::{list, mesh_flags, record, refs, until};
+use common::mesh::{list, mesh_flags, mid_beat, record, refs, until};
 use common::process::{free_addr, Sidecar};
 
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -86,7 +86,7 @@ async fn a_mesh_with_bounded_links_stays_whole_and_detects_a_kill_within_the_bou
             watchers.push(record(c.addr, true).await.0);
         }
     }
-    tokio::time::sleep(Duration::from_millis(HB)).await;
+    let last = mid_beat(cars[victim].addr, Duration::from_millis(HB)).await;
     let killed = Instant::now();
     cars[victim].kill();
     let done = until(Duration::from_millis(EXPIRY + 10 * HB), || async {
@@ -99,20 +99,40 @@ async fn a_mesh_with_bounded_links_stays_whole_and_detects_a_kill_within_the_bou
     })
     .await;
     assert!(done.is_some(), "not every sidecar saw the kill");
-    let mut at: Vec<u64> = watchers
+    // (ms after the SIGKILL, the last beat of the victim each one held)
+    let mut seen: Vec<(u64, u64, Instant)> = watchers
         .iter()
         .map(|w| {
             let w = w.lock().unwrap();
-            let t = w
+            let e = w
                 .iter()
                 .find(|s| s.kind == pb::PeerEventKind::Expired && s.peer.node == nodes[victim])
-                .unwrap()
-                .at;
-            t.duration_since(killed).as_millis() as u64
+                .unwrap();
+            (
+                e.at.duration_since(killed).as_millis() as u64,
+                e.peer.beat,
+                e.at,
+            )
         })
         .collect();
-    at.sort();
-    eprintln!("detection ms after SIGKILL: {at:?}");
+    seen.sort();
+    let shown: Vec<_> = seen.iter().map(|s| (s.0, s.1)).collect();
+    eprintln!(
+        "detection ms after SIGKILL, last beat held (the victim's: {}): {shown:?}",
+        last.beat
+    );
+    // Every one held the victim's last beat, and expired it no earlier
+    // than one expiry after that beat rose...
+    for (ms, beat, at) in &seen {
+        assert_eq!(*beat, last.beat, "{shown:?}");
+        let after_beat = at.duration_since(last.rose_after);
+        assert!(
+            after_beat >= Duration::from_millis(EXPIRY),
+            "{ms} ms after the kill, {after_beat:?} after the last beat"
+        );
+    }
+    // ...so no earlier than expiry − 1 heartbeat after the kill.
+    let at: Vec<u64> = seen.iter().map(|s| s.0).collect();
     assert!(at[0] >= EXPIRY - HB, "{at:?}");
     assert!(*at.last().unwrap() <= EXPIRY + 4 * HB + HB / 2, "{at:?}");
 }
@@ -264,6 +284,10 @@ async fn churn_keeps_the_view_bounded_lists_every_newcomer_and_forgets() {
         );
         let view = list(a.addr).await.peers.len();
         assert!(view <= 8, "view of {view}");
+        if i == RUNS - 1 {
+            // The kill whose detection is bounded below lands between beats.
+            mid_beat(s.addr, Duration::from_millis(HB)).await;
+        }
         let killed = Instant::now();
         s.kill();
         last_kill = Some((node, killed));

@@ -47,7 +47,9 @@
 //! last beat reaches each runtime within one expiry of rising (it is newer
 //! than any copy, so it is due as soon as a copy is `relay_after` old, and
 //! the most stale copies go first); and no earlier than
-//! `T − heartbeat + expiry` for the same reason. `relay_after` only sets how
+//! `T − heartbeat + expiry` for the same reason (exactly: no earlier than
+//! one expiry after the last beat rose, which is a heartbeat before `T`
+//! plus however late the runtime's own timer fired). `relay_after` only sets how
 //! old a *live* runtime's copy gets between refreshes: it must stay below
 //! `expiry / 2` (plus a heartbeat per hop), or live runtimes would show
 //! `UNREACHABLE`. With trees a live runtime's copy is refreshed down its

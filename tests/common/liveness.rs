@@ -140,8 +140,9 @@ pub async fn takeover_after_sigkill(backend: &str) {
         .into_inner();
     assert_eq!(r.outcome, pb::Outcome::Running as i32);
 
-    p.a.kill();
+    super::mesh::mid_beat(p.a.addr, Duration::from_millis(HB)).await;
     let killed = Instant::now();
+    p.a.kill();
     let taken = loop {
         let r = cb
             .claim(req(&job, slot, 60_000))
@@ -288,8 +289,9 @@ pub async fn waiters_wake_on_release_and_death(backend: &str) {
     });
     tokio::time::sleep(Duration::from_millis(2 * HB)).await;
     drop(cb);
-    p.b.kill();
+    super::mesh::mid_beat(p.b.addr, Duration::from_millis(HB)).await;
     let killed = Instant::now();
+    p.b.kill();
     let (out, at) = waiter.await.unwrap();
     assert!(won(&out), "{out:?}");
     let after = at.duration_since(killed);
@@ -318,8 +320,8 @@ pub async fn takeover_latency_distribution(backend: &str, rounds: usize) -> Vec<
             .into_inner()));
         // Kill at a random phase of the heartbeat.
         tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % HB)).await;
-        p.a.kill();
         let killed = Instant::now();
+        p.a.kill();
         loop {
             let r = cb
                 .claim(req(&job, slot, 60_000))

@@ -29,6 +29,58 @@ pub async fn list(addr: SocketAddr) -> pb::ListPeersResponse {
         .into_inner()
 }
 
+/// One of a sidecar's own beats, read from its `ListPeers` self view.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnBeat {
+    pub beat: u64,
+    /// It rose no earlier than this (on the test's clock, which is the
+    /// sidecar's: one machine).
+    pub rose_after: Instant,
+}
+
+/// Waits until half a heartbeat after one of the sidecar's own beats rose,
+/// and returns that beat: a fault (SIGKILL, a cut) made right after lands
+/// between two beats, about half a heartbeat before the next one is due.
+///
+/// A test that bounds detection from below by `fault + expiry − 1
+/// heartbeat` needs this. Made at a random moment, the fault sometimes
+/// lands as a beat is due: whether that beat rose before the SIGKILL then
+/// depends on how late the sidecar's timer fired (a few ms on a loaded
+/// machine), and when it did not, the sidecar's last beat is a heartbeat
+/// *and* those ms old. Its peers then rightly expire it one expiry after
+/// that beat, which is a few ms under the bound. (CI saw `mesh_scale`
+/// fail so.) Timed here, the bound is exact: every peer must hold `beat`
+/// as the last one and expire the sidecar no earlier than `rose_after +
+/// expiry`.
+pub async fn mid_beat(addr: SocketAddr, heartbeat: Duration) -> OwnBeat {
+    let mut c = client(addr).await;
+    let end = Instant::now() + heartbeat * 50;
+    loop {
+        let sent = Instant::now();
+        let l = c
+            .list_peers(pb::ListPeersRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let got = Instant::now();
+        let me = l.self_.unwrap();
+        let age = Duration::from_millis(me.beat_age_ms.max(0) as u64);
+        // It rose in [sent − age − 1 ms, got − age] (the age is whole ms).
+        if got - sent <= heartbeat / 10 && age <= heartbeat / 4 {
+            tokio::time::sleep_until((got - age + heartbeat / 2).into()).await;
+            return OwnBeat {
+                beat: me.beat,
+                rose_after: sent - age - Duration::from_millis(1),
+            };
+        }
+        assert!(
+            Instant::now() < end,
+            "no fresh own beat read from {addr} in 50 heartbeats"
+        );
+        tokio::time::sleep(heartbeat / 8).await;
+    }
+}
+
 /// How many peers a list shows ALIVE.
 pub fn alive(l: &pb::ListPeersResponse) -> usize {
     l.peers
