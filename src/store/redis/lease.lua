@@ -66,7 +66,15 @@ end
 -- dead only if their liveness counter (KEYS[9]) still has that value: the
 -- caller saw it unchanged for one expiry, and a holder that refreshed it
 -- since is alive. Without KEYS[9] those are not dead.
+local function nobody_dead()
+  return false
+end
+
 local function liveness(i)
+  if ARGV[i] == '0' and ARGV[i + 1] == '0' and (ARGV[i + 2] or '0') == '0' then
+    -- The common case, no dead holder at all: no tables to build.
+    return nobody_dead
+  end
   local dead, cur = {}, {}
   local n = tonumber(ARGV[i]); i = i + 1
   for _ = 1, n do
@@ -107,10 +115,15 @@ local function read(slot_s)
   return r, false
 end
 
-local function log(ev, slot_s, r, maxlen)
+-- attempt_s and fencing_s: the run's attempt and fencing number as strings.
+local function log_fields(ev, slot_s, state, attempt_s, fencing_s, node, inst, maxlen)
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', maxlen, '*',
-    'ev', ev, 'slot', slot_s, 'state', r.state, 'attempt', num(r.attempt),
-    'fencing', num(r.fencing), 'node', r.node, 'instance', r.inst)
+    'ev', ev, 'slot', slot_s, 'state', state, 'attempt', attempt_s,
+    'fencing', fencing_s, 'node', node, 'instance', inst)
+end
+
+local function log(ev, slot_s, r, maxlen)
+  log_fields(ev, slot_s, r.state, num(r.attempt), num(r.fencing), r.node, r.inst, maxlen)
 end
 
 local MALFORMED = 'ERR anarchon: malformed run record in '
@@ -139,7 +152,7 @@ local function memory(now, expected, quarantine_ms)
   end
   local untl, floor = 0, 0
   if expected ~= '' then
-    untl, floor = now + quarantine_ms, now
+    untl, floor = now + tonumber(quarantine_ms), now
   end
   local id = string.format('%x', now)
   redis.call('SET', key, id .. ' ' .. num(untl) .. ' ' .. num(floor))
@@ -159,15 +172,14 @@ local function claim()
   --       16 time-floored fencing ('1' on a cluster or behind Sentinel), 17.. dead holders
   local slot_s, token, node, inst = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
   local slot = tonumber(slot_s)
-  local lease_ms, max_late = tonumber(ARGV[6]), tonumber(ARGV[7])
+  -- Numbers are parsed where they are needed: every conversion costs.
   local skip = ARGV[8] == '1'
-  local max_attempts = tonumber(ARGV[9])
   local maxlen = ARGV[10]
   local is_dead = liveness(17)
   local time_fence = ARGV[16] == '1'
   local now = now_ms()
   local ok, untl, floor
-  ok, mem_id, untl, floor = memory(now, ARGV[14], tonumber(ARGV[15]))
+  ok, mem_id, untl, floor = memory(now, ARGV[14], ARGV[15])
   if not ok then
     return { 6, 0, 0, untl, now, '', '', 'store_restarted', 0 }
   end
@@ -203,6 +215,8 @@ local function claim()
     end
   end
 
+  -- The record is written from strings: the caller's own arguments as they
+  -- came (token, instance, node, lease_ms) and one conversion per number.
   local function win(attempt, ev)
     if floor > 0 and redis.call('EXISTS', KEYS[4]) == 0 then
       -- The counter was forgotten with the rest: start above every number
@@ -219,17 +233,20 @@ local function claim()
       fencing = now * 1000
       redis.call('SET', KEYS[4], num(fencing))
     end
-    local r = {
-      state = 'RUNNING', attempt = attempt, fencing = fencing,
-      lease_until = now + lease_ms, claimed_at = now, finished_at = 0,
-      token = token, inst = inst, node = node,
-    }
-    redis.call('HSET', KEYS[1], slot_s, encode(r), 'L' .. slot_s, num(lease_ms))
+    local lease_until = now + tonumber(ARGV[6])
+    local attempt_s = attempt == 1 and '1' or num(attempt)
+    local fencing_s = num(fencing)
+    -- The format of encode(): STATE attempt fencing lease_until claimed_at
+    -- finished_at token instance node.
+    redis.call('HSET', KEYS[1], slot_s,
+      'RUNNING ' .. attempt_s .. ' ' .. fencing_s .. ' ' .. num(lease_until) .. ' ' ..
+        num(now) .. ' 0 ' .. token .. ' ' .. inst .. ' ' .. node,
+      'L' .. slot_s, ARGV[6])
     redis.call('ZADD', KEYS[2], slot_s, slot_s)
     redis.call('SADD', KEYS[3], slot_s)
-    log(ev, slot_s, r, maxlen)
+    log_fields(ev, slot_s, 'RUNNING', attempt_s, fencing_s, node, inst, maxlen)
     index()
-    return { 1, r.attempt, r.fencing, r.lease_until, now, node, inst, '', 0 }
+    return { 1, attempt, fencing, lease_until, now, node, inst, '', 0 }
   end
 
   local r, malformed = read(slot_s)
@@ -237,7 +254,7 @@ local function claim()
     return redis.error_reply(MALFORMED .. KEYS[1])
   end
   if not r then
-    if slot ~= 0 and now - slot > max_late then
+    if slot ~= 0 and now - slot > tonumber(ARGV[7]) then
       return { 4, 0, 0, 0, now, '', '', 'too_late', 0 }
     end
     if slot ~= 0 and slot <= floor then
@@ -267,7 +284,7 @@ local function claim()
       end
       return { 2, r.attempt, 0, r.lease_until, now, r.node, r.inst, '', 0 }
     end
-    if slot == 0 or r.attempt < max_attempts then
+    if slot == 0 or r.attempt < tonumber(ARGV[9]) then
       return win(r.attempt + 1, 'takeover')
     end
     r.state = 'INTERRUPTED'
