@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The Redis `lease` script's own cost, without the sidecar: every claim a new
+# slot (so every call wins and writes), measured two ways for each script
+# given, alternated ROUNDS times, so that a before and an after share a run:
+#
+#   scripts/bench-lua.sh [SCRIPT.lua ...]    # default src/store/redis/lease.lua
+#   git show HEAD~1:src/store/redis/lease.lua >/tmp/before.lua
+#   scripts/bench-lua.sh /tmp/before.lua src/store/redis/lease.lua
+#
+# 1. `redis-benchmark` (16 connections, N calls) of one EVALSHA claim, then
+#    `INFO commandstats`: µs per EVALSHA and per command the script called.
+#    redis-server is pinned to CPU 0 and redis-benchmark to CPU 1 for the
+#    run (the affinity is put back after), which takes most of the noise
+#    of the two sharing a core.
+# 2. The script's Lua alone: the same claim run PURE_N times inside one
+#    EVAL with `redis.call` replaced by a stub that answers at once, timed
+#    with Redis's TIME: the µs of interpreter work per claim (conversions,
+#    tables, closures, string building) that no command accounts for.
+#
+# Environment: REDIS_PORT (6379), N (60000), ROUNDS (3), PURE_N (20000).
+# Keys are written under `anarchon-bench-lua:` and deleted before each run;
+# nothing else in the server is touched. INFO commandstats is reset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+port=${REDIS_PORT:-6379}
+n=${N:-60000}
+rounds=${ROUNDS:-3}
+pure_n=${PURE_N:-20000}
+scripts=("$@")
+[ ${#scripts[@]} -gt 0 ] || scripts=(src/store/redis/lease.lua)
+cli() { redis-cli -p "$port" "$@"; }
+
+P=anarchon-bench-lua
+J="$P:{job}"
+keys=("$J:runs" "$J:slots" "$J:running" "$J:fence" "$J:history"
+  "$P:jobs" "$P:holder:n1:1" "$P:memory" "$P:liveness")
+# claim: slot token node instance lease_ms max_late_ms skip max_attempts
+# maxlen holder-member holder-ttl job expected-memory quarantine time-fence,
+# then no dead holders (0 0 0). max_late is huge so that any random slot is
+# still claimable.
+claim_args() { # $1: the slot; sets args
+  args=(claim "$1" abcdef0123456789 n1 1 30000 999999999999999 0 3 1000
+    "job:$1" 60000 job "" 1000 0 0 0 0)
+}
+
+pure_script() { # $1: the script; prints it wrapped with a stubbed redis.call
+  cat <<'HEAD'
+local real = redis
+local t0 = real.call('TIME')
+local n = tonumber(ARGV[#ARGV])
+local stub = {
+  call = function(cmd)
+    if cmd == 'TIME' then return { '1733300000', '123456' } end
+    if cmd == 'GET' then return 'abc 0 0' end
+    if cmd == 'HGET' then return false end
+    if cmd == 'EXISTS' then return 1 end
+    if cmd == 'INCR' then return 7 end
+    return 1
+  end,
+  error_reply = real.error_reply,
+}
+local body = function(redis)
+HEAD
+  cat "$1"
+  cat <<'TAIL'
+end
+for _ = 1, n do body(stub) end
+local t1 = real.call('TIME')
+return tostring(((t1[1] - t0[1]) * 1e6 + (t1[2] - t0[2])) / n)
+TAIL
+}
+
+pid=$(cli INFO server | sed -n 's/^process_id:\([0-9]*\).*/\1/p' | tr -d '\r')
+old_affinity=$(taskset -p "$pid" | sed 's/.*: //')
+trap 'taskset -p "$old_affinity" "$pid" >/dev/null 2>&1 || true' EXIT
+
+echo "bench-lua: $n calls x ${#scripts[@]} script(s) x $rounds round(s); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+for round in $(seq "$rounds"); do
+  for s in "${scripts[@]}"; do
+    sha=$(cli -x SCRIPT LOAD <"$s")
+    cli --scan --pattern "$P:*" | xargs -r redis-cli -p "$port" DEL >/dev/null
+    claim_args 42
+    won=$(cli EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${args[@]}" | head -1)
+    [ "$won" = 1 ] || { echo "bench-lua: $s did not win a fresh slot (answered $won)" >&2; exit 1; }
+    cli CONFIG RESETSTAT >/dev/null
+    taskset -p 0x1 "$pid" >/dev/null
+    claim_args __rand_int__
+    rps=$(taskset -c 1 redis-benchmark -p "$port" -q -n "$n" -c 16 -r 100000000000 \
+      EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${args[@]}" |
+      tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1)
+    taskset -p "$old_affinity" "$pid" >/dev/null
+    inner=$(cli INFO commandstats | tr -d '\r' |
+      sed -n 's/^cmdstat_\([a-z]*\):calls=\([0-9]*\),usec=[0-9]*,usec_per_call=\([0-9.]*\).*/\1 \2 \3/p' |
+      awk -v n="$n" '$1 != "evalsha" && $1 != "config" && $1 != "script" && $2 >= n / 2 {
+          printf "%s %.2f, ", $1, $3 * $2 / n; sum += $3 * $2 / n }
+        END { printf "sum %.2f", sum }')
+    per_call=$(cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
+    claim_args 1733300000000
+    pure=$(cli EVAL "$(pure_script "$s")" ${#keys[@]} "${keys[@]}" "${args[@]}" "$pure_n")
+    printf 'round %s  %-40s %9s claims/s  EVALSHA %6s µs/call  Lua alone %6.2f µs  commands (µs per claim): %s\n' \
+      "$round" "$s" "$rps" "$per_call" "$pure" "$inner"
+  done
+done
+cli --scan --pattern "$P:*" | xargs -r redis-cli -p "$port" DEL >/dev/null
