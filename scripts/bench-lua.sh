@@ -89,12 +89,12 @@ for round in $(seq "$rounds"); do
       EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${args[@]}" |
       tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1)
     taskset -p "$old_affinity" "$pid" >/dev/null
-    inner=$(cli INFO commandstats | tr -d '\r' |
-      sed -n 's/^cmdstat_\([a-z]*\):calls=\([0-9]*\),usec=[0-9]*,usec_per_call=\([0-9.]*\).*/\1 \2 \3/p' |
+    stats=$(cli INFO commandstats | tr -d '\r')
+    inner=$(sed -n 's/^cmdstat_\([a-z]*\):calls=\([0-9]*\),usec=[0-9]*,usec_per_call=\([0-9.]*\).*/\1 \2 \3/p' <<<"$stats" |
       awk -v n="$n" '$1 != "evalsha" && $1 != "config" && $1 != "script" && $2 >= n / 2 {
           printf "%s %.2f, ", $1, $3 * $2 / n; sum += $3 * $2 / n }
         END { printf "sum %.2f", sum }')
-    per_call=$(cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
+    per_call=$(sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p' <<<"$stats")
     claim_args 1733300000000
     pure=$(cli EVAL "$(pure_script "$s")" ${#keys[@]} "${keys[@]}" "${args[@]}" "$pure_n")
     printf 'round %s  %-40s %9s claims/s  EVALSHA %6s µs/call  Lua alone %6.2f µs  commands (µs per claim): %s\n' \

@@ -48,10 +48,16 @@ local function decode(v)
   }
 end
 
+-- The record from its fields, the numbers already as strings.
+local function encode_fields(state, attempt_s, fencing_s, lease_until_s, claimed_at_s,
+                             finished_at_s, token, inst, node)
+  return state .. ' ' .. attempt_s .. ' ' .. fencing_s .. ' ' .. lease_until_s .. ' ' ..
+    claimed_at_s .. ' ' .. finished_at_s .. ' ' .. token .. ' ' .. inst .. ' ' .. node
+end
+
 local function encode(r)
-  return r.state .. ' ' .. num(r.attempt) .. ' ' .. num(r.fencing) .. ' ' ..
-    num(r.lease_until) .. ' ' .. num(r.claimed_at) .. ' ' .. num(r.finished_at) .. ' ' ..
-    r.token .. ' ' .. r.inst .. ' ' .. r.node
+  return encode_fields(r.state, num(r.attempt), num(r.fencing), num(r.lease_until),
+    num(r.claimed_at), num(r.finished_at), r.token, r.inst, r.node)
 end
 
 local function now_ms()
@@ -236,11 +242,9 @@ local function claim()
     local lease_until = now + tonumber(ARGV[6])
     local attempt_s = attempt == 1 and '1' or num(attempt)
     local fencing_s = num(fencing)
-    -- The format of encode(): STATE attempt fencing lease_until claimed_at
-    -- finished_at token instance node.
     redis.call('HSET', KEYS[1], slot_s,
-      'RUNNING ' .. attempt_s .. ' ' .. fencing_s .. ' ' .. num(lease_until) .. ' ' ..
-        num(now) .. ' 0 ' .. token .. ' ' .. inst .. ' ' .. node,
+      encode_fields('RUNNING', attempt_s, fencing_s, num(lease_until), num(now), '0',
+        token, inst, node),
       'L' .. slot_s, ARGV[6])
     redis.call('ZADD', KEYS[2], slot_s, slot_s)
     redis.call('SADD', KEYS[3], slot_s)
