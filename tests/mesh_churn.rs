@@ -53,12 +53,14 @@ const MAX_RUNTIMES: usize = 256;
 /// with nobody else).
 const MAX_LINKS: usize = 64;
 
-/// Node → its first `EXPIRED` event.
-fn expired_all(ev: &Events) -> HashMap<String, Instant> {
+/// Node → its first `EXPIRED` event: when it arrived here, and how old A
+/// said the runtime's last beat was when A published it.
+fn expired_all(ev: &Events) -> HashMap<String, (Instant, i64)> {
     let mut out = HashMap::new();
     for s in ev.lock().unwrap().iter() {
         if s.kind == pb::PeerEventKind::Expired {
-            out.entry(s.peer.node.clone()).or_insert(s.at);
+            out.entry(s.peer.node.clone())
+                .or_insert((s.at, s.peer.beat_age_ms));
         }
     }
     out
@@ -226,7 +228,7 @@ async fn two_thousand_short_lived_runtimes_keep_the_view_bounded_and_are_each_li
     let mut sample_ms: Vec<u64> = lives
         .iter()
         .filter(|(i, _)| i % 50 == 0 || *i == RUNTIMES - 1)
-        .map(|(_, l)| ms(expired[&l.node] - l.dropped))
+        .map(|(_, l)| ms(expired[&l.node].0 - l.dropped))
         .collect();
     sample_ms.sort();
     let bounds = EXPIRY - HB..=EXPIRY + 2 * HB;
@@ -237,9 +239,36 @@ async fn two_thousand_short_lived_runtimes_keep_the_view_bounded_and_are_each_li
     );
     let mut all_ms: Vec<u64> = lives
         .iter()
-        .map(|(_, l)| ms(expired[&l.node] - l.dropped))
+        .map(|(_, l)| ms(expired[&l.node].0 - l.dropped))
         .collect();
     all_ms.sort();
+    // Where the time went, on A's clock: A declares a runtime EXPIRED no
+    // earlier than one expiry after its last beat rose there (the event's
+    // `beat_age_ms`), and publishes it that much late (its quarter-heartbeat
+    // tick, and the CPU); the rest is the beat's way in and the event's way
+    // out (from the fake's last send to A, from A to this watcher).
+    let early: Vec<_> = lives
+        .iter()
+        .filter(|(_, l)| expired[&l.node].1 < EXPIRY as i64)
+        .map(|(i, l)| (*i, expired[&l.node].1))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "EXPIRED with a beat younger than the expiry: {early:?}"
+    );
+    let mut late_at_a: Vec<u64> = lives
+        .iter()
+        .map(|(_, l)| expired[&l.node].1 as u64 - EXPIRY)
+        .collect();
+    late_at_a.sort();
+    let mut transit: Vec<u64> = lives
+        .iter()
+        .map(|(_, l)| {
+            let (at, age) = expired[&l.node];
+            ms(at - l.last_beat).saturating_sub(age as u64)
+        })
+        .collect();
+    transit.sort();
 
     // No newcomer was refused: not because of the dead, not at all.
     assert_eq!(refused_total(a.admin, "too_many_runtimes").await, 0);
@@ -329,7 +358,8 @@ async fn two_thousand_short_lived_runtimes_keep_the_view_bounded_and_are_each_li
          max view {} of {MAX_RUNTIMES} (max ALIVE {}), {} samples, peers.json \
          {persisted} after the churn; listed after hello \
          p50 {} / max {} ms; detection sample (n={}) min/p50/max {}/{}/{} ms, every kill \
-         (n={}) min/p50/p99/max {}/{}/{}/{} ms, {} outside; real newcomer {real_ms} ms; \
+         (n={}) min/p50/p99/max {}/{}/{}/{} ms, {} outside (of which published late at A \
+         p50/p99/max {}/{}/{} ms, transit p50/p99/max {}/{}/{} ms); real newcomer {real_ms} ms; \
          forgotten {since} ms after the last kill; wall {:.1} s",
         churn_took.as_secs_f64(),
         s.max_view,
@@ -347,6 +377,12 @@ async fn two_thousand_short_lived_runtimes_keep_the_view_bounded_and_are_each_li
         at(&all_ms, 0.99),
         at(&all_ms, 1.0),
         all_ms.iter().filter(|d| !bounds.contains(d)).count(),
+        at(&late_at_a, 0.5),
+        at(&late_at_a, 0.99),
+        at(&late_at_a, 1.0),
+        at(&transit, 0.5),
+        at(&transit, 0.99),
+        at(&transit, 1.0),
         wall.elapsed().as_secs_f64(),
     );
 }
