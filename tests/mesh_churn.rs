@@ -237,37 +237,30 @@ async fn two_thousand_short_lived_runtimes_keep_the_view_bounded_and_are_each_li
         outside.is_empty(),
         "detections outside {bounds:?} ms: {outside:?} (all: {sample_ms:?})"
     );
-    let mut all_ms: Vec<u64> = lives
-        .iter()
-        .map(|(_, l)| ms(expired[&l.node].0 - l.dropped))
-        .collect();
-    all_ms.sort();
-    // Where the time went, on A's clock: A declares a runtime EXPIRED no
-    // earlier than one expiry after its last beat rose there (the event's
-    // `beat_age_ms`), and publishes it that much late (its quarter-heartbeat
-    // tick, and the CPU); the rest is the beat's way in and the event's way
-    // out (from the fake's last send to A, from A to this watcher).
-    let early: Vec<_> = lives
-        .iter()
-        .filter(|(_, l)| expired[&l.node].1 < EXPIRY as i64)
-        .map(|(i, l)| (*i, expired[&l.node].1))
-        .collect();
+    // Every kill's detection, and where the time went, on A's clock: A
+    // declares a runtime EXPIRED no earlier than one expiry after its last
+    // beat rose there (the event's `beat_age_ms`), and publishes it that much
+    // late (its quarter-heartbeat tick, and the CPU); the rest is the beat's
+    // way in and the event's way out (from the fake's last send to A, from A
+    // to this watcher).
+    let (mut all_ms, mut late_at_a, mut transit) = (Vec::new(), Vec::new(), Vec::new());
+    let mut early = Vec::new();
+    for (i, l) in &lives {
+        let (at, age) = expired[&l.node];
+        all_ms.push(ms(at - l.dropped));
+        if age < EXPIRY as i64 {
+            early.push((*i, age));
+            continue;
+        }
+        late_at_a.push(age as u64 - EXPIRY);
+        transit.push(ms(at - l.last_beat).saturating_sub(age as u64));
+    }
     assert!(
         early.is_empty(),
         "EXPIRED with a beat younger than the expiry: {early:?}"
     );
-    let mut late_at_a: Vec<u64> = lives
-        .iter()
-        .map(|(_, l)| expired[&l.node].1 as u64 - EXPIRY)
-        .collect();
+    all_ms.sort();
     late_at_a.sort();
-    let mut transit: Vec<u64> = lives
-        .iter()
-        .map(|(_, l)| {
-            let (at, age) = expired[&l.node];
-            ms(at - l.last_beat).saturating_sub(age as u64)
-        })
-        .collect();
     transit.sort();
 
     // No newcomer was refused: not because of the dead, not at all.
@@ -358,8 +351,8 @@ async fn two_thousand_short_lived_runtimes_keep_the_view_bounded_and_are_each_li
          max view {} of {MAX_RUNTIMES} (max ALIVE {}), {} samples, peers.json \
          {persisted} after the churn; listed after hello \
          p50 {} / max {} ms; detection sample (n={}) min/p50/max {}/{}/{} ms, every kill \
-         (n={}) min/p50/p99/max {}/{}/{}/{} ms, {} outside (of which published late at A \
-         p50/p99/max {}/{}/{} ms, transit p50/p99/max {}/{}/{} ms); real newcomer {real_ms} ms; \
+         (n={}) min/p50/p99/max {}/{}/{}/{} ms, {} outside; every kill's lateness at A \
+         p50/p99/max {}/{}/{} ms and transit p50/p99/max {}/{}/{} ms; real newcomer {real_ms} ms; \
          forgotten {since} ms after the last kill; wall {:.1} s",
         churn_took.as_secs_f64(),
         s.max_view,
