@@ -65,6 +65,11 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- What liveness() returns when the caller names no dead holder.
+local function nobody_dead()
+  return false
+end
+
 -- The dead-holder set, passed in by the caller's sidecar from its mesh view:
 -- a count and (node, instance) pairs of dead instances, then a count and
 -- (node, newest instance) pairs; any older instance of such a node is dead;
@@ -72,10 +77,6 @@ end
 -- dead only if their liveness counter (KEYS[9]) still has that value: the
 -- caller saw it unchanged for one expiry, and a holder that refreshed it
 -- since is alive. Without KEYS[9] those are not dead.
-local function nobody_dead()
-  return false
-end
-
 local function liveness(i)
   if ARGV[i] == '0' and ARGV[i + 1] == '0' and (ARGV[i + 2] or '0') == '0' then
     -- The common case, no dead holder at all: no tables to build.
