@@ -228,15 +228,17 @@ fn serve(
         if snapshot {
             let _ = a.exec("COMMIT");
         }
-        if !batch.is_empty() && commit_batch(&mut conn, &mut batch) {
-            commits.fetch_add(1, Ordering::Relaxed);
+        if !batch.is_empty() {
+            commit_batch(&mut conn, &mut batch, commits);
         }
         batch.clear();
     }
 }
 
-/// Runs the batch in one transaction and answers it; `true` when it committed.
-fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>) -> bool {
+/// Runs the batch in one transaction and answers it. A commit is counted
+/// before its operations are answered, so whoever holds an answer sees the
+/// commit that carried it in `commits`.
+fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>, commits: &AtomicU64) {
     let mut a = Access { conn };
     let end = match a.exec("BEGIN IMMEDIATE") {
         Err(e) => Err(convert(e).to_string()),
@@ -254,12 +256,13 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>) -> bool {
             }
         }
     };
-    let committed = end.is_ok();
+    if end.is_ok() {
+        commits.fetch_add(1, Ordering::Relaxed);
+    }
     let end = end.as_ref().map(|_| ()).map_err(String::as_str);
     for op in batch.drain(..) {
         op.reply(end);
     }
-    committed
 }
 
 /// Runs the batch under the lock, each operation of several in its own
