@@ -29,7 +29,7 @@ use ::redis::{Script, ScriptInvocation, Value};
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 
-use super::{convert, holder_key, load_script, reply, Conn, JobKeys, RedisConfig};
+use super::{concat, convert, holder_key, load_script, reply, Conn, JobKeys, RedisConfig};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
 use crate::store::{Leases, Store, StoreInfo, StoreOptions};
@@ -61,6 +61,10 @@ pub struct LeaseStore {
     /// A cluster or a Sentinel group (replicas, failovers): fencing numbers
     /// never fall below a thousand per millisecond of the store's clock.
     time_fence: bool,
+    /// `<prefix>:jobs`, `<prefix>:memory` and `<prefix>:liveness`, built once.
+    registry: String,
+    memory: String,
+    liveness: String,
 }
 
 impl LeaseStore {
@@ -99,11 +103,10 @@ impl LeaseStore {
             memory_record_id: Mutex::new(memory_record_id),
             quarantine_ms: cfg.quarantine_ms,
             time_fence: cfg.cluster || cfg.sentinel.is_some(),
+            registry: concat(&[&cfg.prefix, ":jobs"]),
+            memory: memory_key(&cfg.prefix),
+            liveness: concat(&[&cfg.prefix, ":liveness"]),
         })
-    }
-
-    fn registry_key(&self) -> String {
-        format!("{}:jobs", self.prefix)
     }
 
     /// An invocation with the job's five keys.
@@ -158,7 +161,7 @@ impl LeaseStore {
             self.conn
                 .query::<()>(
                     ::redis::cmd("SADD")
-                        .arg(self.registry_key())
+                        .arg(self.registry.as_str())
                         .arg(spec.job.as_str()),
                 )
                 .await?;
@@ -190,17 +193,12 @@ impl LeaseStore {
 
 /// The memory record of a prefix (one server only).
 fn memory_key(prefix: &str) -> String {
-    format!("{prefix}:memory")
+    concat(&[prefix, ":memory"])
 }
 
 /// A holder-index member: `job\0slot`.
 fn member(job: &Job, slot: SlotMs) -> String {
-    format!("{}\0{slot}", job.as_str())
-}
-
-/// The liveness hash of a prefix (one server only).
-fn liveness_key(prefix: &str) -> String {
-    format!("{prefix}:liveness")
+    concat(&[job.as_str(), "\0", itoa::Buffer::new().format(slot)])
 }
 
 /// A field of the liveness hash: `node\0instance`.
@@ -300,10 +298,10 @@ impl Store for LeaseStore {
         let single = !self.conn.is_cluster();
         let mut inv = self.invocation(&spec.job, "claim");
         if single {
-            inv.key(self.registry_key())
+            inv.key(self.registry.as_str())
                 .key(holder_key(&self.prefix, &spec.holder))
-                .key(memory_key(&self.prefix))
-                .key(liveness_key(&self.prefix));
+                .key(&self.memory)
+                .key(&self.liveness);
         }
         let expected = self
             .memory_record_id
@@ -518,7 +516,7 @@ impl Leases for LeaseStore {
 
     async fn prune(&self, cutoff_ms: i64, batch: u32) -> Result<u64> {
         let mut cursor = self.prune_cursor.lock().await;
-        let registry = self.registry_key();
+        let registry = self.registry.as_str();
         let single = !self.conn.is_cluster();
         let mut removed: u64 = 0;
         let mut visited = 0usize;
@@ -527,7 +525,7 @@ impl Leases for LeaseStore {
                 .conn
                 .query(
                     ::redis::cmd("SSCAN")
-                        .arg(&registry)
+                        .arg(registry)
                         .arg(*cursor)
                         .arg("COUNT")
                         .arg(100),
@@ -540,7 +538,7 @@ impl Leases for LeaseStore {
                 visited += 1;
                 let mut inv = self.invocation(&job, "prune");
                 if single {
-                    inv.key(&registry);
+                    inv.key(registry);
                 }
                 let limit = (batch as u64).saturating_sub(removed).max(1);
                 inv.arg(cutoff_ms)
@@ -556,12 +554,12 @@ impl Leases for LeaseStore {
                     // sees our SREM done or we see its run.
                     let runs = JobKeys::new(&self.prefix, &job).key("runs");
                     self.conn
-                        .query::<()>(::redis::cmd("SREM").arg(&registry).arg(job.as_str()))
+                        .query::<()>(::redis::cmd("SREM").arg(registry).arg(job.as_str()))
                         .await?;
                     let exists: i64 = self.conn.query(::redis::cmd("EXISTS").arg(&runs)).await?;
                     if exists > 0 {
                         self.conn
-                            .query::<()>(::redis::cmd("SADD").arg(&registry).arg(job.as_str()))
+                            .query::<()>(::redis::cmd("SADD").arg(registry).arg(job.as_str()))
                             .await?;
                     }
                     self.registered
@@ -595,7 +593,7 @@ impl Leases for LeaseStore {
             .conn
             .query(
                 ::redis::cmd("HINCRBY")
-                    .arg(liveness_key(&self.prefix))
+                    .arg(&self.liveness)
                     .arg(liveness_field(holder))
                     .arg(1),
             )
@@ -608,11 +606,23 @@ impl Leases for LeaseStore {
             return Ok(vec![0; holders.len()]);
         }
         let mut cmd = ::redis::cmd("HMGET");
-        cmd.arg(liveness_key(&self.prefix));
+        cmd.arg(&self.liveness);
         for h in holders {
             cmd.arg(liveness_field(h));
         }
         let v: Vec<Option<i64>> = self.conn.query(&cmd).await?;
         Ok(v.into_iter().map(|c| c.unwrap_or(0) as u64).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holder_index_members_are_job_nul_slot() {
+        let job = Job::parse("a/b").unwrap();
+        assert_eq!(member(&job, 1_700_000_000_000), "a/b\u{0}1700000000000");
+        assert_eq!(member(&job, -5), "a/b\u{0}-5");
     }
 }
