@@ -42,7 +42,7 @@ use ::redis::{
     ServerErrorKind, Value,
 };
 
-use super::{convert, RedisConfig};
+use super::{convert, RedisConfig, ScriptCall};
 use crate::error::{Error, Result};
 
 /// How long a command may keep retrying through a failover before it is
@@ -439,14 +439,14 @@ impl Conn {
         }
     }
 
-    /// Runs a script by `EVALSHA`. The redis crate loads it and retries once
+    /// Runs a script by `EVALSHA`. The call loads it and retries once
     /// on `NOSCRIPT`; a `SCRIPT FLUSH`, restart or failover between that
     /// load and the retry answers `NOSCRIPT` again, so this tries a few times
     /// more. A script that answered `NOSCRIPT` never ran, so a retry is safe.
-    pub(crate) async fn invoke(&self, inv: &::redis::ScriptInvocation<'_>) -> Result<Value> {
+    pub(crate) async fn invoke(&self, call: &ScriptCall<'_>) -> Result<Value> {
         let mut tries = 0;
         loop {
-            match inv.invoke_async(&mut self.clone()).await {
+            match call.invoke_async(&mut self.clone()).await {
                 Err(e) if tries < 3 && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     tries += 1;
                 }
@@ -459,18 +459,14 @@ impl Conn {
     /// the step is followed on the same connection by a write of `marker`
     /// (a key in the job's hash slot) and `WAIT`, and the answer stands only
     /// when enough replicas acknowledged.
-    pub(crate) async fn invoke_acked(
-        &self,
-        inv: &::redis::ScriptInvocation<'_>,
-        marker: &str,
-    ) -> Result<Value> {
+    pub(crate) async fn invoke_acked(&self, call: &ScriptCall<'_>, marker: &str) -> Result<Value> {
         if self.inner.min_replicas == 0 {
-            return self.invoke(inv).await;
+            return self.invoke(call).await;
         }
         let mut tries = 0;
         loop {
             let mut acked = self.acked(marker);
-            match inv.invoke_async(&mut acked).await {
+            match call.invoke_async(&mut acked).await {
                 Err(e) if tries < 3 && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     tries += 1;
                 }

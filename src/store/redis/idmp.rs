@@ -24,7 +24,7 @@
 use ::redis::Script;
 
 use super::once::{once_store, OnceBase};
-use super::{load_script, server_version, Conn, RedisConfig, Strategy};
+use super::{load_script, server_version, Conn, RedisConfig, ScriptCall, Strategy};
 use crate::claim::*;
 use crate::error::{Error, Result};
 use crate::store::StoreInfo;
@@ -88,7 +88,7 @@ once_store!(IdmpStore, bounded);
 
 impl IdmpStore {
     async fn do_claim(&self, spec: &ClaimSpec) -> Result<ClaimAnswer> {
-        let mut inv = self.script.prepare_invoke();
+        let mut inv = ScriptCall::new(&self.script, 1);
         inv.key(self.base.stream_key(&spec.job))
             .arg(spec.job.as_str())
             .arg(spec.slot_ms)

@@ -4,7 +4,7 @@
 //! any other command, so the read of the run, the decision (the §3.1 table,
 //! with `now` from `TIME` and the caller's dead-holder set as arguments) and
 //! the writes happen with nothing in between, on every node of the fleet.
-//! The script is called with `EVALSHA`; the redis crate's `Script` loads it
+//! The script is called with `EVALSHA` ([`ScriptCall`]), which loads it
 //! and retries when the server answers `NOSCRIPT` (after a restart, a
 //! failover or `SCRIPT FLUSH`).
 //!
@@ -25,11 +25,13 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use ::redis::{Script, ScriptInvocation, Value};
+use ::redis::{Script, Value};
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 
-use super::{concat, convert, holder_key, load_script, reply, Conn, JobKeys, RedisConfig};
+use super::{
+    concat, convert, holder_key, load_script, reply, Conn, JobKeys, RedisConfig, ScriptCall,
+};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
 use crate::store::{Leases, Store, StoreInfo, StoreOptions};
@@ -109,27 +111,31 @@ impl LeaseStore {
         })
     }
 
-    /// An invocation with the job's five keys.
-    fn invocation(&self, job: &Job, op: &str) -> ScriptInvocation<'_> {
+    /// A call with the job's five keys, then `extra` keys (outside the
+    /// job's slot: one server only), then `op`, the first argument.
+    fn invocation(&self, job: &Job, op: &str, extra: &[&str]) -> ScriptCall<'_> {
         let k = JobKeys::new(&self.prefix, job);
-        let mut inv = self.script.prepare_invoke();
+        let mut inv = ScriptCall::new(&self.script, 5 + extra.len());
         inv.key(k.key("runs"))
             .key(k.key("slots"))
             .key(k.key("running"))
             .key(k.key("fence"))
-            .key(k.key("history"))
-            .arg(op);
+            .key(k.key("history"));
+        for key in extra {
+            inv.key(*key);
+        }
+        inv.arg(op);
         inv
     }
 
-    async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<Value>> {
+    async fn run(&self, inv: &ScriptCall<'_>) -> Result<Vec<Value>> {
         let v: Value = self.conn.invoke(inv).await?;
         reply::array(v)
     }
 
     /// [`run`](Self::run), then `WAIT` for `min_replicas` on the same
     /// connection (claim, renew, release): see [`Conn::invoke_acked`].
-    async fn run_acked(&self, inv: &ScriptInvocation<'_>, job: &Job) -> Result<Vec<Value>> {
+    async fn run_acked(&self, inv: &ScriptCall<'_>, job: &Job) -> Result<Vec<Value>> {
         let marker = JobKeys::new(&self.prefix, job).key("ack");
         let v: Value = self.conn.invoke_acked(inv, &marker).await?;
         reply::array(v)
@@ -210,7 +216,7 @@ fn liveness_field(h: &Holder) -> String {
 /// count + triples. With `check`, the conditional entries go as triples for
 /// the script to check against the liveness hash (a claim); without, they
 /// count as dead outright (renew and release, where refusing is safe).
-fn dead_args(inv: &mut ScriptInvocation<'_>, dead: &DeadHolders, check: bool) {
+fn dead_args(inv: &mut ScriptCall<'_>, dead: &DeadHolders, check: bool) {
     let mut explicit: Vec<&Holder> = dead.dead().collect();
     if !check {
         explicit.extend(dead.conditional().map(|(h, _)| h));
@@ -296,13 +302,14 @@ impl Store for LeaseStore {
 
     async fn claim(&self, spec: &ClaimSpec, dead: &DeadHolders) -> Result<ClaimAnswer> {
         let single = !self.conn.is_cluster();
-        let mut inv = self.invocation(&spec.job, "claim");
-        if single {
-            inv.key(self.registry.as_str())
-                .key(holder_key(&self.prefix, &spec.holder))
-                .key(&self.memory)
-                .key(&self.liveness);
-        }
+        let holder = holder_key(&self.prefix, &spec.holder);
+        let extra = [
+            self.registry.as_str(),
+            &holder,
+            &self.memory,
+            &self.liveness,
+        ];
+        let mut inv = self.invocation(&spec.job, "claim", if single { &extra } else { &[] });
         let expected = self
             .memory_record_id
             .lock()
@@ -391,7 +398,7 @@ impl Store for LeaseStore {
     }
 
     async fn release(&self, spec: &ReleaseSpec, dead: &DeadHolders) -> Result<()> {
-        let mut inv = self.invocation(&spec.job, "release");
+        let mut inv = self.invocation(&spec.job, "release", &[]);
         inv.arg(spec.slot_ms)
             .arg(spec.token.as_str())
             .arg(spec.result.state().as_str())
@@ -414,7 +421,7 @@ impl Store for LeaseStore {
         limit: u32,
         before_slot_ms: Option<i64>,
     ) -> Result<HistoryPage> {
-        let mut inv = self.invocation(job, "history");
+        let mut inv = self.invocation(job, "history", &[]);
         inv.arg(match before_slot_ms {
             Some(b) => format!("({b}"),
             None => "+inf".to_owned(),
@@ -453,7 +460,7 @@ impl Store for LeaseStore {
 #[async_trait]
 impl Leases for LeaseStore {
     async fn renew(&self, spec: &RenewSpec, dead: &DeadHolders) -> Result<Renewed> {
-        let mut inv = self.invocation(&spec.job, "renew");
+        let mut inv = self.invocation(&spec.job, "renew", &[]);
         inv.arg(spec.slot_ms)
             .arg(spec.token.as_str())
             .arg(spec.lease_ms);
@@ -471,7 +478,7 @@ impl Leases for LeaseStore {
     }
 
     async fn end_lease(&self, job: &Job, slot_ms: SlotMs, token: &Token) -> Result<bool> {
-        let mut inv = self.invocation(job, "end");
+        let mut inv = self.invocation(job, "end", &[]);
         inv.arg(slot_ms)
             .arg(token.as_str())
             .arg(self.history_maxlen);
@@ -499,7 +506,7 @@ impl Leases for LeaseStore {
         // Concurrent scripts are pipelined on the multiplexed connection.
         let ended: Vec<bool> = futures::stream::iter(targets)
             .map(|(job, slot)| async move {
-                let mut inv = self.invocation(&job, "end_holder");
+                let mut inv = self.invocation(&job, "end_holder", &[]);
                 inv.arg(slot)
                     .arg(&holder.node)
                     .arg(holder.instance)
@@ -536,10 +543,8 @@ impl Leases for LeaseStore {
                     continue;
                 };
                 visited += 1;
-                let mut inv = self.invocation(&job, "prune");
-                if single {
-                    inv.key(registry);
-                }
+                let extra = [registry];
+                let mut inv = self.invocation(&job, "prune", if single { &extra } else { &[] });
                 let limit = (batch as u64).saturating_sub(removed).max(1);
                 inv.arg(cutoff_ms)
                     .arg(limit)

@@ -31,6 +31,7 @@
 //! reported as `WON`. Every step is idempotent for the same token, so a resend
 //! after a lost answer finds the caller's own claim.
 
+mod call;
 mod conn;
 mod idmp;
 mod lease;
@@ -50,6 +51,7 @@ use super::{DynStore, StoreOptions};
 use crate::claim::{host_now_ms, Holder, Job};
 use crate::error::{Error, Result};
 
+pub(crate) use call::ScriptCall;
 pub(crate) use conn::Conn;
 pub use idmp::IdmpStore;
 pub use lease::LeaseStore;

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use ::redis::streams::{StreamId, StreamRangeReply};
-use ::redis::{Script, ScriptInvocation, Value};
+use ::redis::{Script, Value};
 
-use super::{fencing_of_id, load_script, reply, Conn, JobKeys, Strategy};
+use super::{fencing_of_id, load_script, reply, Conn, JobKeys, ScriptCall, Strategy};
 use crate::claim::*;
 use crate::error::{Error, FenceReason, Result};
 use crate::store::StoreInfo;
@@ -172,7 +172,7 @@ impl OnceBase {
     /// Records the result next to the claim, if `spec.token` made it.
     /// `exact_id`: the entry's ID when the slot determines it (stream-id).
     pub(crate) async fn release(&self, spec: &ReleaseSpec, exact_id: Option<&str>) -> Result<()> {
-        let mut inv = self.release.prepare_invoke();
+        let mut inv = ScriptCall::new(&self.release, 2);
         inv.key(self.stream_key(&spec.job))
             .key(self.results_key(&spec.job))
             .arg(spec.slot_ms)
@@ -268,7 +268,7 @@ impl OnceBase {
     pub(crate) async fn claim_by_script(
         &self,
         spec: &ClaimSpec,
-        inv: &ScriptInvocation<'_>,
+        inv: &ScriptCall<'_>,
     ) -> Result<ClaimAnswer> {
         let marker = self.ack_key(&spec.job);
         let v: Value = self.conn.invoke_acked(inv, &marker).await?;

@@ -17,7 +17,7 @@
 use ::redis::Script;
 
 use super::once::{once_store, OnceBase};
-use super::{load_script, Conn, RedisConfig, Strategy};
+use super::{load_script, Conn, RedisConfig, ScriptCall, Strategy};
 use crate::claim::*;
 use crate::error::Result;
 use crate::store::StoreInfo;
@@ -53,7 +53,7 @@ once_store!(ScriptStore, bounded);
 
 impl ScriptStore {
     async fn do_claim(&self, spec: &ClaimSpec) -> Result<ClaimAnswer> {
-        let mut inv = self.script.prepare_invoke();
+        let mut inv = ScriptCall::new(&self.script, 1);
         inv.key(self.base.stream_key(&spec.job))
             .arg(spec.slot_ms)
             .arg(spec.token.as_str())
