@@ -163,6 +163,16 @@ fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Declares of a gate that RabbitMQ answers `NOT_FOUND` (see
+/// [`RabbitStore::declared`]), at most.
+const DECLARE_TRIES: u64 = 4;
+
+/// A `NOT_FOUND` channel error.
+fn is_not_found(e: &lapin::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ProtocolError(amqp)
+        if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)))
+}
+
 /// A refused declare: nothing was published.
 fn declare_error(queue: &str, e: lapin::Error) -> Error {
     if let ErrorKind::ProtocolError(amqp) = e.kind() {
@@ -336,6 +346,43 @@ impl RabbitStore {
         }
     }
 
+    /// A channel on which the gate `queue` is declared.
+    ///
+    /// A declare that races another declare of the same new gate (sidecars
+    /// claiming one slot at once) can find the queue's record before its
+    /// process is up: RabbitMQ answers `NOT_FOUND` ("home node … of durable
+    /// queue … is down or inaccessible") and closes the channel. Nothing was
+    /// published, so the declare is sent again on a new channel, up to
+    /// [`DECLARE_TRIES`] times with a pause of 10, 20, 30 ms. A gate whose
+    /// node really is down (a cluster) keeps answering so, and the claim is
+    /// `UNAVAILABLE` as before.
+    async fn declared(&self, queue: &str) -> Result<Pooled> {
+        let mut tries = 1;
+        loop {
+            let p = self.channel().await?;
+            let declared = tokio::time::timeout(
+                self.timeout,
+                p.ch.queue_declare(queue, gate_options(), self.gate_args.clone()),
+            )
+            .await;
+            match declared {
+                Ok(Ok(_)) => return Ok(p),
+                Ok(Err(e)) if tries < DECLARE_TRIES && is_not_found(&e) => {
+                    tracing::debug!(queue, error = %e, "gate not up yet; declaring it again");
+                    tokio::time::sleep(Duration::from_millis(10 * tries)).await;
+                    tries += 1;
+                }
+                Ok(Err(e)) => return Err(declare_error(queue, e)),
+                Err(_) => {
+                    return Err(Error::Unavailable(format!(
+                        "rabbitmq: declaring {queue} got no answer within {:?}",
+                        self.timeout
+                    )))
+                }
+            }
+        }
+    }
+
     /// Returns a channel that answered cleanly to the pool.
     fn put_back(&self, mut p: Pooled) {
         p.uses += 1;
@@ -368,24 +415,8 @@ impl Store for RabbitStore {
             .acquire()
             .await
             .map_err(|_| Error::Unavailable("rabbitmq: the store is closing".into()))?;
-        let p = self.channel().await?;
-
         // 1. Declare the gate. Any failure here: nothing was published.
-        let declared = tokio::time::timeout(
-            self.timeout,
-            p.ch.queue_declare(&queue, gate_options(), self.gate_args.clone()),
-        )
-        .await;
-        match declared {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(declare_error(&queue, e)),
-            Err(_) => {
-                return Err(Error::Unavailable(format!(
-                    "rabbitmq: declaring {queue} got no answer within {:?}",
-                    self.timeout
-                )))
-            }
-        }
+        let p = self.declared(&queue).await?;
         if !p.ch.status().connected() {
             return Err(Error::Unavailable(
                 "rabbitmq: the channel closed before the claim was published".into(),
