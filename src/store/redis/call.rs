@@ -11,6 +11,9 @@
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value};
 
+/// Loads of the script that one call makes on `NOSCRIPT`, at most.
+const LOADS: u32 = 4;
+
 pub(crate) struct ScriptCall<'a> {
     script: &'a Script,
     cmd: Cmd,
@@ -55,10 +58,12 @@ impl<'a> ScriptCall<'a> {
         self
     }
 
-    /// Sends the call; on `NOSCRIPT` (a restart, failover or `SCRIPT
-    /// FLUSH` since the load) loads the script on `con` and sends it once
-    /// more, as the crate's `ScriptInvocation::invoke_async` does. A call
-    /// whose keys do not match the declared number is refused unsent.
+    /// Sends the call. On `NOSCRIPT` (a restart, failover or `SCRIPT FLUSH`
+    /// since the load) it loads the script on `con` and sends the call
+    /// again, up to [`LOADS`] times: a flush between a load and the resend
+    /// answers `NOSCRIPT` again. A script that answered `NOSCRIPT` never
+    /// ran, so the resend is safe. A call whose keys do not match the
+    /// declared number is refused unsent.
     pub(crate) async fn invoke_async(&self, con: &mut impl ConnectionLike) -> RedisResult<Value> {
         if self.misbuilt || self.keys_left != 0 {
             return Err((
@@ -67,12 +72,18 @@ impl<'a> ScriptCall<'a> {
             )
                 .into());
         }
-        match self.cmd.query_async(con).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.load_async(con).await?;
-                self.cmd.query_async(con).await
+        let mut loads = 0;
+        loop {
+            match self.cmd.query_async(con).await {
+                Err(e)
+                    if loads < LOADS
+                        && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                {
+                    loads += 1;
+                    self.script.load_async(con).await?;
+                }
+                res => return res,
             }
-            res => res,
         }
     }
 }
@@ -157,7 +168,7 @@ mod tests {
     }
 
     /// `NOSCRIPT`: the script is loaded on the same connection and the call
-    /// sent once more; a second `NOSCRIPT` is the caller's to retry.
+    /// sent again, up to `LOADS` times; then the `NOSCRIPT` is the answer.
     #[tokio::test]
     async fn noscript_loads_the_script_and_sends_the_call_again() {
         let script = Script::new("return 1");
@@ -170,12 +181,19 @@ mod tests {
         };
         assert_eq!(c.invoke_async(&mut con).await.unwrap(), Value::Int(7));
         assert_eq!(con.sent, ["EVALSHA", "SCRIPT", "EVALSHA"]);
+        // Flushed again after every load: LOADS loads, then the error.
+        let mut replies = vec![no_script()];
+        for _ in 0..LOADS {
+            replies.extend([Ok(hash.clone()), no_script()]);
+        }
         let mut con = Scripted {
-            replies: vec![no_script(), Ok(hash), no_script()],
+            replies,
             sent: vec![],
         };
         let e = c.invoke_async(&mut con).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::NoScript));
+        assert_eq!(con.sent.len(), 1 + 2 * LOADS as usize, "{:?}", con.sent);
+        assert!(con.replies.is_empty());
     }
 
     /// Keys short of the declared number: refused, nothing sent (beyond it,

@@ -439,20 +439,10 @@ impl Conn {
         }
     }
 
-    /// Runs a script by `EVALSHA`. The call loads it and retries once
-    /// on `NOSCRIPT`; a `SCRIPT FLUSH`, restart or failover between that
-    /// load and the retry answers `NOSCRIPT` again, so this tries a few times
-    /// more. A script that answered `NOSCRIPT` never ran, so a retry is safe.
+    /// Runs a script by `EVALSHA` (the call reloads it on `NOSCRIPT`:
+    /// [`ScriptCall::invoke_async`]).
     pub(crate) async fn invoke(&self, call: &ScriptCall<'_>) -> Result<Value> {
-        let mut tries = 0;
-        loop {
-            match call.invoke_async(&mut self.clone()).await {
-                Err(e) if tries < 3 && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    tries += 1;
-                }
-                res => return res.map_err(convert),
-            }
-        }
+        call.invoke_async(&mut self.clone()).await.map_err(convert)
     }
 
     /// [`invoke`](Self::invoke) for a deciding step: with `min_replicas > 0`
@@ -463,20 +453,12 @@ impl Conn {
         if self.inner.min_replicas == 0 {
             return self.invoke(call).await;
         }
-        let mut tries = 0;
-        loop {
-            let mut acked = self.acked(marker);
-            match call.invoke_async(&mut acked).await {
-                Err(e) if tries < 3 && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    tries += 1;
-                }
-                Err(e) => return Err(convert(e)),
-                Ok(v) => {
-                    acked.shortfall()?;
-                    return Ok(v);
-                }
-            }
-        }
+        // The script's load is sent without `WAIT`; the shortfall is the
+        // last step's.
+        let mut acked = self.acked(marker);
+        let v = call.invoke_async(&mut acked).await.map_err(convert)?;
+        acked.shortfall()?;
+        Ok(v)
     }
 
     /// Runs one command.
