@@ -63,7 +63,8 @@ pub struct LeaseStore {
     /// A cluster or a Sentinel group (replicas, failovers): fencing numbers
     /// never fall below a thousand per millisecond of the store's clock.
     time_fence: bool,
-    /// `<prefix>:jobs`, `<prefix>:memory` and `<prefix>:liveness`, built once.
+    /// `<prefix>:jobs`, `<prefix>:memory` (the memory record, one server
+    /// only) and `<prefix>:liveness`, built once.
     registry: String,
     memory: String,
     liveness: String,
@@ -72,14 +73,13 @@ pub struct LeaseStore {
 impl LeaseStore {
     pub(crate) async fn open(conn: Conn, cfg: &RedisConfig, opts: &StoreOptions) -> Result<Self> {
         let script = load_script(&conn, LEASE_LUA).await?;
+        let memory = concat(&[&cfg.prefix, ":memory"]);
         // The record this server holds now, if any: from here on its loss
         // means the server forgot.
         let memory_record_id = if conn.is_cluster() {
             String::new()
         } else {
-            let v: Option<String> = conn
-                .query(::redis::cmd("GET").arg(memory_key(&cfg.prefix)))
-                .await?;
+            let v: Option<String> = conn.query(::redis::cmd("GET").arg(&memory)).await?;
             v.and_then(|v| v.split(' ').next().map(str::to_owned))
                 .unwrap_or_default()
         };
@@ -106,7 +106,7 @@ impl LeaseStore {
             quarantine_ms: cfg.quarantine_ms,
             time_fence: cfg.cluster || cfg.sentinel.is_some(),
             registry: concat(&[&cfg.prefix, ":jobs"]),
-            memory: memory_key(&cfg.prefix),
+            memory,
             liveness: concat(&[&cfg.prefix, ":liveness"]),
         })
     }
@@ -195,11 +195,6 @@ impl LeaseStore {
             tracing::debug!(error = %e, "could not update the holder index");
         }
     }
-}
-
-/// The memory record of a prefix (one server only).
-fn memory_key(prefix: &str) -> String {
-    concat(&[prefix, ":memory"])
 }
 
 /// A holder-index member: `job\0slot`.

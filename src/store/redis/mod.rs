@@ -460,19 +460,18 @@ pub(crate) fn concat(parts: &[&str]) -> String {
     s
 }
 
-/// The key of the set of runs a holder holds (lease strategy).
 /// A Lua script, loaded on the server now: a broken server or script fails
 /// at start, not at the first claim (`EVALSHA` reloads it on `NOSCRIPT`).
 pub(crate) async fn load_script(conn: &Conn, lua: &str) -> Result<::redis::Script> {
     let script = ::redis::Script::new(lua);
     script
-        .prepare_invoke()
         .load_async(&mut conn.clone())
         .await
         .map_err(convert)?;
     Ok(script)
 }
 
+/// The key of the set of runs a holder holds (lease strategy).
 pub(crate) fn holder_key(prefix: &str, h: &Holder) -> String {
     concat(&[
         prefix,
