@@ -19,6 +19,9 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS builder
 WORKDIR /src
+# jemalloc (the sidecar's allocator) builds with make.
+RUN apt-get update && apt-get install -y --no-install-recommends make \
+ && rm -rf /var/lib/apt/lists/*
 # Protos are compiled by build.rs with protox (pure Rust): no protoc needed.
 # The C parts (bundled SQLite, ring, aws-lc) build with the image's gcc.
 COPY Cargo.toml Cargo.lock build.rs ./
