@@ -348,7 +348,11 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
         sidecar::in_process(&url, &dir).await?
     };
     let sc_fig = sc.measure(clients, a.seconds).await?;
-    let fresh_cpu = (sc.figures.server_cpu_us, sc.figures.clients_cpu_us);
+    let fresh_cpu = (
+        sc.figures.server_cpu_us,
+        sc.figures.clients_cpu_us,
+        sc.figures.store_cpu_us,
+    );
 
     let aged = match (a.age, &store) {
         (Some(n), Some(s)) => {
@@ -373,7 +377,7 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let mut proc = sc.figures.clone();
-    (proc.server_cpu_us, proc.clients_cpu_us) = fresh_cpu;
+    (proc.server_cpu_us, proc.clients_cpu_us, proc.store_cpu_us) = fresh_cpu;
     drop(sc);
     drop(store);
 
@@ -419,6 +423,7 @@ fn proc_json(p: &ProcFigures) -> serde_json::Value {
         "rss_hwm_mib": opt_mib(p.hwm_kib),
         "server_cpu_us_per_claim": cpu_json(p.server_cpu_us),
         "clients_cpu_us_per_claim": cpu_json(p.clients_cpu_us),
+        "store_cpu_us_per_claim": cpu_json(p.store_cpu_us),
     })
 }
 
@@ -544,9 +549,10 @@ impl Report {
             })
         };
         println!(
-            "sidecar: CPU µs per claim: server {}, load clients {}",
+            "sidecar: CPU µs per claim: server {}, load clients {}, store {}",
             cpu(p.server_cpu_us),
-            cpu(p.clients_cpu_us)
+            cpu(p.clients_cpu_us),
+            cpu(p.store_cpu_us)
         );
         if let Some((_, p)) = &self.etcd {
             println!(

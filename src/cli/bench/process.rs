@@ -129,6 +129,50 @@ pub fn cpu_seconds(pid: &str) -> Option<(f64, f64)> {
     Some((tick(11)?, tick(12)?))
 }
 
+/// The CPU seconds (user, system) of every process named `comm` on this
+/// machine (a local store's server: `postgres`, `redis-server`, …), with
+/// what their children that already exited used (a PostgreSQL backend that
+/// ended is counted in the postmaster's). `None` when there is none.
+pub fn cpu_seconds_of(comm: &str) -> Option<(f64, f64)> {
+    let mut total = None;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (text.find('('), text.rfind(')')) else {
+            continue;
+        };
+        if text.get(open + 1..close) != Some(comm) {
+            continue;
+        }
+        let f: Vec<&str> = text[close + 1..].split_whitespace().collect();
+        let tick = |i: usize| f.get(i).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+        // utime, stime, cutime, cstime: fields 14-17 of the whole line.
+        let (u, s) = (tick(11) + tick(13), tick(12) + tick(14));
+        let (tu, ts) = total.unwrap_or((0.0, 0.0));
+        total = Some((tu + u as f64 / 100.0, ts + s as f64 / 100.0));
+    }
+    total
+}
+
+/// The server process of a local store, by the backend URL's scheme.
+pub fn store_process(url: &str) -> Option<&'static str> {
+    match url.split_once("://")?.0 {
+        "postgres" | "postgresql" => Some("postgres"),
+        "redis" | "redis+cluster" | "redis+sentinel" => Some("redis-server"),
+        "nats" => Some("nats-server"),
+        "amqp" | "amqps" => Some("beam.smp"),
+        _ => None,
+    }
+}
+
 /// CPU used between two [`cpu_seconds`] readings, in µs per claim.
 pub fn cpu_us_per_claim(
     before: Option<(f64, f64)>,
@@ -185,6 +229,9 @@ pub struct ProcFigures {
     /// server process's, and the load clients' (the bench process's).
     pub server_cpu_us: Option<(f64, f64)>,
     pub clients_cpu_us: Option<(f64, f64)>,
+    /// The local store's server processes' ([`store_process`]), over the
+    /// same load: what the store itself spent per claim.
+    pub store_cpu_us: Option<(f64, f64)>,
 }
 
 impl ProcFigures {

@@ -12,8 +12,8 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 use super::process::{
-    cpu_seconds, cpu_us_per_claim, ready_figures, status_kib, wait_ready, Guarded, ProcFigures,
-    RssSampler,
+    cpu_seconds, cpu_seconds_of, cpu_us_per_claim, ready_figures, status_kib, store_process,
+    wait_ready, Guarded, ProcFigures, RssSampler,
 };
 use super::{drive, PathFigures};
 use crate::claim::host_now_ms;
@@ -24,6 +24,8 @@ use crate::Config;
 /// A running sidecar; stopped when dropped.
 pub struct Sidecar {
     pub addr: SocketAddr,
+    /// The local store's server processes, by name ([`store_process`]).
+    store: Option<&'static str>,
     pub figures: ProcFigures,
     child: Option<Guarded>,
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -80,6 +82,7 @@ pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
     let figures = ready_figures(&mut child, started, || answers(addr)).await?;
     Ok(Sidecar {
         addr,
+        store: store_process(url),
         figures,
         child: Some(child),
         _stop: None,
@@ -137,6 +140,7 @@ pub async fn in_process(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
     }
     Ok(Sidecar {
         addr,
+        store: store_process(url),
         figures: ProcFigures {
             ready: started.elapsed(),
             ..ProcFigures::default()
@@ -164,6 +168,8 @@ impl Sidecar {
         let pid = self.child.as_ref().map(|c| c.pid().to_string());
         let server0 = pid.as_deref().and_then(cpu_seconds);
         let clients0 = cpu_seconds("self");
+        let store = self.store;
+        let store0 = store.and_then(cpu_seconds_of);
         let fig = drive(clients, seconds, move |c, n| {
             let mut cl = conns[c].clone();
             let job = format!("bench-{run}-{c}");
@@ -179,6 +185,8 @@ impl Sidecar {
         .await;
         let claims = fig.as_ref().map_or(0, |f| f.claims);
         self.figures.clients_cpu_us = cpu_us_per_claim(clients0, cpu_seconds("self"), claims);
+        self.figures.store_cpu_us =
+            cpu_us_per_claim(store0, store.and_then(cpu_seconds_of), claims);
         self.figures.server_cpu_us =
             cpu_us_per_claim(server0, pid.as_deref().and_then(cpu_seconds), claims);
         if let Some(s) = sampler {
