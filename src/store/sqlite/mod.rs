@@ -439,8 +439,10 @@ mod tests {
         (s.writer.commits() - commits, [ok1, bad, ok2])
     }
 
-    /// In one batch, an operation that fails after writing is rolled back to
-    /// its savepoint and answered with its own error; the others commit.
+    /// In one batch, an operation that fails after writing is answered with
+    /// its own error and leaves nothing; the others commit, once each (the
+    /// batch ran again with savepoints: `ok1`, written before the failure,
+    /// would break its key's uniqueness had the first pass been kept).
     #[tokio::test]
     async fn a_failing_operation_does_not_fail_its_batch() {
         let dir = tempfile::tempdir().unwrap();
