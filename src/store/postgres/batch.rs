@@ -184,6 +184,38 @@ fn missing() -> AttemptError {
     ))
 }
 
+/// Claims `specs` (one holder) as one call of `<prefix>_claim_batch`,
+/// sorted by job as the gathering task sorts them: per claim, in the order
+/// given, its answer.
+pub(super) async fn claim_all(
+    pool: &Pool,
+    sql: &str,
+    specs: &[ClaimSpec],
+    dead: &DeadHolders,
+) -> Vec<AttemptResult<ClaimAnswer>> {
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by(|&a, &b| {
+        (&specs[a].job, specs[a].slot_ms).cmp(&(&specs[b].job, specs[b].slot_ms))
+    });
+    let sorted: Vec<ClaimSpec> = order.iter().map(|&i| specs[i].clone()).collect();
+    let mut out: Vec<AttemptResult<ClaimAnswer>> = specs.iter().map(|_| Err(missing())).collect();
+    match call(pool, sql, &sorted, dead).await {
+        Ok(mut rows) => {
+            for (k, &i) in order.iter().enumerate() {
+                if let Some(a) = rows.get_mut(k).and_then(Option::take) {
+                    out[i] = a;
+                }
+            }
+        }
+        Err(f) => {
+            for o in &mut out {
+                *o = Err(f.duplicate());
+            }
+        }
+    }
+    out
+}
+
 /// A claim alone: one call of `<prefix>_claim`.
 async fn claim_one(
     pool: &Pool,

@@ -396,6 +396,22 @@ impl PostgresStore {
         Ok(out)
     }
 
+    /// Claims `specs` (one holder) as one group commit, the batch a busy
+    /// sidecar runs for concurrent claims, whatever else is in flight: per
+    /// claim, in the order given, its answer. For tests and tools; a sidecar
+    /// gathers its batches itself.
+    pub async fn claim_batch(
+        &self,
+        specs: &[ClaimSpec],
+        dead: &DeadHolders,
+    ) -> Vec<Result<ClaimAnswer>> {
+        batch::claim_all(&self.pool, &self.sql.claim_batch, specs, dead)
+            .await
+            .into_iter()
+            .map(|a| a.map_err(AttemptError::into_error))
+            .collect()
+    }
+
     /// The run, read without a lock.
     async fn snapshot(&self, job: &Job, slot: SlotMs) -> AttemptResult<Option<RunRow>> {
         let mut conn = self.pool.acquire().await?;
