@@ -10,16 +10,21 @@
 //! A claim that arrives while nothing is queued or in flight runs alone, in
 //! the caller's own task, as one call of `<prefix>_claim`: a lone client pays
 //! neither the hop to the gathering task nor the batch's subtransaction. A
-//! batch is gathered only from what is already queued when a connection
-//! slot is free (`batches_in_flight` at once, `max_batch` claims each: URL
-//! options): a lone client never waits for a batch to fill. With
+//! batch is gathered from what is queued when a connection slot is free
+//! (`batches_in_flight` at once, `max_batch` claims each: URL options); under
+//! load it also waits up to a millisecond for as many claims as the batch
+//! before it carried ([`gather`]), since a transaction's own cost (its WAL
+//! flush above all) is most of what a small batch costs the server. A lone
+//! client never waits for a batch to fill. With
 //! `max_batch=1` there is no group commit: every claim waits for a slot and
 //! runs alone. Claims of one batch share their dead-holder set (one
 //! sidecar's view at that moment); claims whose sets differ go in separate
 //! calls. A batch is sorted by job so that concurrent batches take job locks
 //! in one order and cannot deadlock.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -32,6 +37,8 @@ use crate::error::Error;
 
 /// Claims waiting for a batch, at most (senders wait beyond it).
 const QUEUE: usize = 4096;
+/// The longest a batch waits for the claims it expects (see [`gather`]).
+const GATHER_WAIT: Duration = Duration::from_millis(1);
 
 struct Pending {
     spec: ClaimSpec,
@@ -52,6 +59,8 @@ pub(super) struct Batcher {
     pool: Arc<Pool>,
     /// The `<prefix>_claim` call of a claim alone.
     one: Arc<str>,
+    /// How many claims the last batch carried (see [`gather`]).
+    last: Arc<AtomicUsize>,
 }
 
 impl Batcher {
@@ -66,7 +75,15 @@ impl Batcher {
     ) -> Batcher {
         let (tx, rx) = mpsc::channel(QUEUE);
         let slots = Arc::new(Semaphore::new(in_flight));
-        tokio::spawn(gather(pool.clone(), sql, rx, max_batch, slots.clone()));
+        let last = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(gather(
+            pool.clone(),
+            sql,
+            rx,
+            max_batch,
+            slots.clone(),
+            last.clone(),
+        ));
         Batcher {
             queue: tx,
             slots,
@@ -74,6 +91,7 @@ impl Batcher {
             alone_always: max_batch <= 1,
             pool,
             one,
+            last,
         }
     }
 
@@ -95,8 +113,11 @@ impl Batcher {
             let _slot = self.slots.acquire().await.map_err(|_| stopped())?;
             return claim_one(&self.pool, &self.one, spec, dead).await;
         }
+        // Alone only when nothing is queued or in flight and the last batch
+        // was not a busy one (under load, the next batch is gathered).
         let idle = self.queue.capacity() == self.queue.max_capacity()
-            && self.slots.available_permits() == self.in_flight;
+            && self.slots.available_permits() == self.in_flight
+            && self.last.load(Ordering::Relaxed) <= 1;
         if idle {
             if let Ok(_slot) = self.slots.try_acquire() {
                 return claim_one(&self.pool, &self.one, spec, dead).await;
@@ -117,12 +138,21 @@ impl Batcher {
 
 /// Waits for a claim and a free slot, takes what else is queued, and hands
 /// the batch to its own task.
+///
+/// Under load a batch waits, briefly, for as many claims as the batch before
+/// it carried: the answers of one batch go out together and their callers'
+/// next claims come back within a fraction of a millisecond, so the first of
+/// them would otherwise go alone (one transaction, and so one WAL flush, for
+/// one claim) and the rest wait behind it. It waits at most [`GATHER_WAIT`],
+/// and only when the last batch had more than one claim: a lone client
+/// never waits.
 async fn gather(
     pool: Arc<Pool>,
     sql: Arc<str>,
     mut queue: mpsc::Receiver<Pending>,
     max_batch: usize,
     slots: Arc<Semaphore>,
+    last: Arc<AtomicUsize>,
 ) {
     while let Some(first) = queue.recv().await {
         // Claims that arrive while every slot is busy join this batch.
@@ -136,6 +166,17 @@ async fn gather(
                 Err(_) => break,
             }
         }
+        let expected = last.load(Ordering::Relaxed).min(max_batch);
+        if batch.len() < expected {
+            let until = tokio::time::Instant::now() + GATHER_WAIT;
+            while batch.len() < expected {
+                match tokio::time::timeout_at(until, queue.recv()).await {
+                    Ok(Some(p)) => batch.push(p),
+                    _ => break,
+                }
+            }
+        }
+        last.store(batch.len(), Ordering::Relaxed);
         tokio::spawn(flush(pool.clone(), sql.clone(), batch, slot));
     }
 }
