@@ -13,10 +13,13 @@ bench_scratch() {
 
 bench_cleanup() {
   rm -rf "$tmp"
-  # The PostgreSQL tables and Redis keys of this run (prefix bench_$tag).
+  # The PostgreSQL tables and functions and the Redis keys of this run
+  # (prefix bench_$tag).
   if command -v psql >/dev/null; then
     psql -qAt -h 127.0.0.1 -U postgres test -c \
-      "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', tablename) FROM pg_tables WHERE tablename LIKE 'bench_${tag}%'" \
+      "SELECT format('DROP TABLE IF EXISTS %I CASCADE;', tablename) FROM pg_tables WHERE tablename LIKE 'bench_${tag}%'
+       UNION ALL
+       SELECT format('DROP FUNCTION IF EXISTS %I(%s);', proname, pg_get_function_identity_arguments(oid)) FROM pg_proc WHERE proname LIKE 'bench_${tag}%'" \
       2>/dev/null | psql -q -h 127.0.0.1 -U postgres test >/dev/null 2>&1 || true
   fi
   if command -v redis-cli >/dev/null; then
