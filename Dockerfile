@@ -19,8 +19,11 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS builder
 WORKDIR /src
-# jemalloc (the sidecar's allocator) builds with make.
-RUN apt-get update && apt-get install -y --no-install-recommends make \
+# jemalloc (the sidecar's allocator) builds with make: bookworm's, pinned
+# (moving DEBIAN_RELEASE? move MAKE_VERSION with it: `apt-cache policy make`).
+ARG MAKE_VERSION=4.3-4.1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends "make=${MAKE_VERSION}" \
  && rm -rf /var/lib/apt/lists/*
 # Protos are compiled by build.rs with protox (pure Rust): no protoc needed.
 # The C parts (bundled SQLite, ring, aws-lc) build with the image's gcc.
