@@ -193,26 +193,18 @@ async fn flush(
 ) {
     while !batch.is_empty() {
         let (dead, holder) = (batch[0].dead.clone(), batch[0].spec.holder.clone());
-        let (mut same, rest): (Vec<Pending>, Vec<Pending>) = batch
+        let (same, rest): (Vec<Pending>, Vec<Pending>) = batch
             .into_iter()
             .partition(|p| p.dead == dead && p.spec.holder == holder);
         batch = rest;
-        same.sort_by(|a, b| (&a.spec.job, a.spec.slot_ms).cmp(&(&b.spec.job, b.spec.slot_ms)));
         let (specs, mut replies): (Vec<ClaimSpec>, Vec<_>) =
             same.into_iter().map(|p| (p.spec, p.reply)).unzip();
         let gone = futures::future::join_all(replies.iter_mut().map(|r| r.closed()));
-        let mut answers = tokio::select! {
-            answers = call(&pool, &sql, &specs, &dead) => answers,
+        let answers = tokio::select! {
+            answers = claim_all(&pool, &sql, &specs, &dead) => answers,
             _ = gone => continue,
         };
-        for (i, reply) in replies.into_iter().enumerate() {
-            let out = match &mut answers {
-                Ok(rows) => rows
-                    .get_mut(i)
-                    .and_then(Option::take)
-                    .unwrap_or_else(|| Err(missing())),
-                Err(f) => Err(f.duplicate()),
-            };
+        for (reply, out) in replies.into_iter().zip(answers) {
             // The caller may have gone (a cancelled RPC); nothing to do then.
             let _ = reply.send(out);
         }
@@ -226,8 +218,8 @@ fn missing() -> AttemptError {
 }
 
 /// Claims `specs` (one holder) as one call of `<prefix>_claim_batch`,
-/// sorted by job as the gathering task sorts them: per claim, in the order
-/// given, its answer.
+/// sorted by job and slot (so that concurrent batches take job locks in one
+/// order and cannot deadlock): per claim, in the order given, its answer.
 pub(super) async fn claim_all(
     pool: &Pool,
     sql: &str,
@@ -238,7 +230,7 @@ pub(super) async fn claim_all(
     order.sort_by(|&a, &b| {
         (&specs[a].job, specs[a].slot_ms).cmp(&(&specs[b].job, specs[b].slot_ms))
     });
-    let sorted: Vec<ClaimSpec> = order.iter().map(|&i| specs[i].clone()).collect();
+    let sorted: Vec<&ClaimSpec> = order.iter().map(|&i| &specs[i]).collect();
     let mut out: Vec<AttemptResult<ClaimAnswer>> = specs.iter().map(|_| Err(missing())).collect();
     match call(pool, sql, &sorted, dead).await {
         Ok(mut rows) => {
@@ -303,12 +295,12 @@ fn current_arrays(dead: &DeadHolders) -> (Vec<&str>, Vec<i64>) {
 async fn call(
     pool: &Pool,
     sql: &str,
-    specs: &[ClaimSpec],
+    specs: &[&ClaimSpec],
     dead: &DeadHolders,
 ) -> AttemptResult<Vec<Option<AttemptResult<ClaimAnswer>>>> {
     let (dead_nodes, dead_instances) = dead_arrays(dead);
     let (current_nodes, current_instances) = current_arrays(dead);
-    // [`flush`] gathered claims of one holder.
+    // [`claim_all`]'s claims are of one holder.
     let holder = &specs[0].holder;
     let mut conn = pool.acquire().await?;
     let rows = sqlx::query(sql)
@@ -347,7 +339,7 @@ async fn call(
                 specs.len()
             ))));
         };
-        *slot = Some(element(row, &specs[(index - 1) as usize]));
+        *slot = Some(element(row, specs[(index - 1) as usize]));
     }
     Ok(out)
 }
