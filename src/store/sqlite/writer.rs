@@ -282,14 +282,8 @@ fn run_locked(a: &mut Access<'_>, batch: &mut [Box<dyn Step>]) -> Option<String>
         // transaction back (and it is answered with that error).
         return (!lone.locked(a, host_now_ms())).then(|| "the operation failed".to_string());
     }
-    let mut all_ran = true;
-    for op in batch.iter_mut() {
-        if !op.locked(a, host_now_ms()) {
-            all_ran = false;
-            break;
-        }
-    }
-    if all_ran {
+    // `all` stops at the first failure: the rest run in the second pass.
+    if batch.iter_mut().all(|op| op.locked(a, host_now_ms())) {
         return None;
     }
     if let Err(e) = a.exec("ROLLBACK").and_then(|()| a.exec("BEGIN IMMEDIATE")) {
