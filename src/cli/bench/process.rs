@@ -116,23 +116,36 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// The command name of a process and the fields of `/proc/<pid>/stat` after
+/// it (the name is in parentheses and may hold spaces: field 3 of the whole
+/// line, the state, is the first of them); `pid` may be `self`.
+fn stat(pid: &str) -> Option<(String, Vec<String>)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (open, close) = (text.find('(')?, text.rfind(')')?);
+    let name = text.get(open + 1..close)?.to_owned();
+    let fields = text.get(close + 1..)?.split_whitespace().map(str::to_owned);
+    Some((name, fields.collect()))
+}
+
+/// Clock ticks (USER_HZ = 100 a second) of `stat`'s fields `i` and `j`
+/// (counted after the command name), in seconds.
+fn seconds(f: &[String], i: usize, j: usize) -> Option<(f64, f64)> {
+    let tick = |i: usize| f.get(i)?.parse::<u64>().ok().map(|t| t as f64 / 100.0);
+    Some((tick(i)?, tick(j)?))
+}
+
 /// User and system CPU seconds a process has used (`/proc/<pid>/stat`,
-/// `utime` and `stime`, in USER_HZ = 100 ticks a second); `pid` may be
+/// `utime` and `stime`: fields 14 and 15 of the whole line); `pid` may be
 /// `self`.
 pub fn cpu_seconds(pid: &str) -> Option<(f64, f64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command name, which is in parentheses: state is
-    // field 3 of the whole line, utime 14 and stime 15.
-    let rest = text.get(text.rfind(')')? + 1..)?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let tick = |i: usize| f.get(i)?.parse::<u64>().ok().map(|t| t as f64 / 100.0);
-    Some((tick(11)?, tick(12)?))
+    seconds(&stat(pid)?.1, 11, 12)
 }
 
 /// The CPU seconds (user, system) of every process named `comm` on this
 /// machine (a local store's server: `postgres`, `redis-server`, …), with
-/// what their children that already exited used (a PostgreSQL backend that
-/// ended is counted in the postmaster's). `None` when there is none.
+/// what their children that already exited used (`cutime` and `cstime`,
+/// fields 16 and 17: a PostgreSQL backend that ended is counted in the
+/// postmaster's). `None` when there is none.
 pub fn cpu_seconds_of(comm: &str) -> Option<(f64, f64)> {
     let mut total = None;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -143,21 +156,14 @@ pub fn cpu_seconds_of(comm: &str) -> Option<(f64, f64)> {
         else {
             continue;
         };
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        let Some((_, f)) = stat(pid).filter(|(name, _)| name == comm) else {
             continue;
         };
-        let (Some(open), Some(close)) = (text.find('('), text.rfind(')')) else {
+        let (Some((u, s)), Some((cu, cs))) = (seconds(&f, 11, 12), seconds(&f, 13, 14)) else {
             continue;
         };
-        if text.get(open + 1..close) != Some(comm) {
-            continue;
-        }
-        let f: Vec<&str> = text[close + 1..].split_whitespace().collect();
-        let tick = |i: usize| f.get(i).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
-        // utime, stime, cutime, cstime: fields 14-17 of the whole line.
-        let (u, s) = (tick(11) + tick(13), tick(12) + tick(14));
         let (tu, ts) = total.unwrap_or((0.0, 0.0));
-        total = Some((tu + u as f64 / 100.0, ts + s as f64 / 100.0));
+        total = Some((tu + u + cu, ts + s + cs));
     }
     total
 }
