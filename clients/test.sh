@@ -153,7 +153,7 @@ pids+=("$!")
 pids+=("$!")
 export ANARCHON_A_PID="$pid_a"
 if ! "$py" "$here/testing/wait_ready.py" "$ANARCHON_A" "$ANARCHON_B" "$ANARCHON_C" >"$work/ready.log" 2>&1; then
-  cat "$work/ready.log"; tail -20 "$work"/{a,b,c}.log
+  cat "$work/ready.log"; tail -n 20 "$work"/{a,b,c}.log
   die_setup "the sidecars did not come up"
 fi
 note "== sidecars up: A=$ANARCHON_A (pid $pid_a) B=$ANARCHON_B C=$ANARCHON_C (token)"

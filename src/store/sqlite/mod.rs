@@ -73,6 +73,12 @@ impl SqliteStore {
                 })?;
             }
         }
+        // One opener at a time, from connecting to the writer's start: a new
+        // file is turned to WAL (an exclusive lock, which SQLite refuses at
+        // once, busy handler or not, while another connection reads the
+        // file) and then migrated; stores opening it together were refused
+        // as busy.
+        let lock = open_lock(path).await?;
         let connect = SqliteConnectOptions::from_str("sqlite://")
             .map_err(convert)?
             .filename(path)
@@ -87,12 +93,16 @@ impl SqliteStore {
             .connect_with(connect)
             .await
             .map_err(convert)?;
-        migrate(&pool, path).await?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&pool)
+            .await
+            .map_err(|e| Error::Store(format!("sqlite migrations failed: {e}")))?;
         let id: String = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'store_id'")
             .fetch_one(&pool)
             .await
             .map_err(convert)?;
         let writer = Writer::start(path, opts.busy_timeout, max_batch)?;
+        drop(lock);
         Ok(SqliteStore {
             pool,
             writer,
@@ -107,11 +117,12 @@ impl SqliteStore {
     }
 }
 
-/// Runs the embedded migrations, holding an exclusive lock on a file next to
-/// the database so that several processes starting at once do not race.
-async fn migrate(pool: &SqlitePool, path: &str) -> Result<()> {
+/// An exclusive lock on a file next to the database (`PATH.migrate.lock`),
+/// held while a store opens the database, so that several processes
+/// starting at once open, convert and migrate it one after another.
+async fn open_lock(path: &str) -> Result<std::fs::File> {
     let lock_path = format!("{path}.migrate.lock");
-    let lock = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
+    tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -121,14 +132,8 @@ async fn migrate(pool: &SqlitePool, path: &str) -> Result<()> {
         Ok(f)
     })
     .await
-    .map_err(|e| Error::Store(format!("migration lock task: {e}")))?
-    .map_err(|e| Error::Unavailable(format!("cannot lock for migrations: {e}")))?;
-    let res = sqlx::migrate!("./migrations/sqlite")
-        .run(pool)
-        .await
-        .map_err(|e| Error::Store(format!("sqlite migrations failed: {e}")));
-    drop(lock);
-    res
+    .map_err(|e| Error::Store(format!("open lock task: {e}")))?
+    .map_err(|e| Error::Unavailable(format!("cannot lock {path}.migrate.lock: {e}")))
 }
 
 /// Translates sqlx errors: a busy/locked database or a lost connection is
@@ -523,6 +528,31 @@ mod tests {
             wal <= 24 << 20,
             "the WAL grew to {wal} bytes for 102 MB written: it did not start over"
         );
+    }
+
+    /// Stores that open one new file at the same moment (sidecars started
+    /// together on a shared file) all open it: none is refused as busy while
+    /// another turns the new file to WAL or migrates it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stores_opening_one_new_file_at_once_all_open() {
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("shared.db");
+            let path = path.to_str().unwrap();
+            let opts = StoreOptions::default();
+            let (a, b, c) = tokio::join!(
+                SqliteStore::open(path, MAX_BATCH, &opts),
+                SqliteStore::open(path, MAX_BATCH, &opts),
+                SqliteStore::open(path, MAX_BATCH, &opts),
+            );
+            for (name, s) in [("a", &a), ("b", &b), ("c", &c)] {
+                assert!(
+                    s.is_ok(),
+                    "round {round}: store {name}: {:?}",
+                    s.as_ref().err()
+                );
+            }
+        }
     }
 
     /// A lone operation that fails leaves nothing behind either.
