@@ -444,6 +444,63 @@ mod tests {
         (s.writer.commits() - commits, [ok1, bad, ok2])
     }
 
+    /// An operation that logs the phases it ran in, and writes `key` under
+    /// the lock (or nothing, without a key).
+    fn logged(
+        key: Option<&'static str>,
+        log: std::sync::Arc<std::sync::Mutex<Vec<(&'static str, &'static str)>>>,
+    ) -> impl FnMut(&mut writer::Access<'_>, Phase) -> Result<Option<()>> + Send {
+        let name = key.unwrap_or("none");
+        move |a, phase| match phase {
+            Phase::Read => {
+                log.lock().unwrap().push((name, "read"));
+                Ok(None)
+            }
+            Phase::Locked { .. } => {
+                log.lock().unwrap().push((name, "locked"));
+                if let Some(key) = key {
+                    a.execute(
+                        "INSERT INTO meta (key, value) VALUES (?1, 'x')",
+                        params![key],
+                    )?;
+                }
+                Ok(Some(()))
+            }
+        }
+    }
+
+    /// The plain read before the lock runs only while it pays: after a
+    /// batch in which every operation wrote, the next goes straight to the
+    /// lock; one operation that wrote nothing turns the reads back on.
+    #[tokio::test]
+    async fn the_reads_before_the_lock_stop_while_every_operation_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        // Settles the open's own batches: the store may have written (or
+        // not) while it opened.
+        s.writer.run(logged(None, log.clone())).await.unwrap();
+        log.lock().unwrap().clear();
+        for key in [Some("w1"), Some("w2"), None, Some("w3"), Some("w4")] {
+            s.writer.run(logged(key, log.clone())).await.unwrap();
+        }
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                ("w1", "read"), // the last batch wrote nothing
+                ("w1", "locked"),
+                ("w2", "locked"), // w1 wrote: no read
+                ("none", "locked"),
+                ("w3", "read"), // `none` wrote nothing: the reads are back
+                ("w3", "locked"),
+                ("w4", "locked"),
+            ]
+        );
+        for key in ["w1", "w2", "w3", "w4"] {
+            assert!(has_key(&s, key).await, "{key}");
+        }
+    }
+
     /// In one batch, an operation that fails after writing is answered with
     /// its own error and leaves nothing; the others commit, once each (the
     /// batch ran again with savepoints: `ok1`, written before the failure,

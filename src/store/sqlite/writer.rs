@@ -7,7 +7,12 @@
 //! batch to fill, so one client pays no batching delay), and then:
 //!
 //! 1. answers what a plain read settles (most losing claims, resends, refused
-//!    renews) without the write lock;
+//!    renews) without the write lock. It does so only while that pays: when
+//!    every operation of the last batch wrote (a run of winning claims, say),
+//!    the next batch goes straight to step 2, where each operation reads its
+//!    row anyway, instead of reading every row twice. One operation that
+//!    wrote nothing (settled by the read, or decided under the lock without a
+//!    write) turns the reads back on for the next batch;
 //! 2. opens **one** `BEGIN IMMEDIATE` for the rest and runs each of them in
 //!    turn, under SQLite's database write lock, with the same flow as a lone
 //!    operation ([`sql::claim_locked`], [`sql::renew_locked`],
@@ -65,7 +70,7 @@ pub(super) enum Phase {
 /// The handle the store holds; dropping it stops the thread.
 pub(super) struct Writer {
     ops: mpsc::Sender<Box<dyn Step>>,
-    /// Transactions committed so far (one per batch that wrote); read by
+    /// Transactions committed so far (one per batch that took the write lock); read by
     /// the tests that check batching.
     #[cfg_attr(not(test), allow(dead_code))]
     commits: Arc<AtomicU64>,
@@ -213,6 +218,7 @@ fn serve(
     commits: &AtomicU64,
 ) {
     let mut batch: Vec<Box<dyn Step>> = Vec::with_capacity(max_batch);
+    let mut read_first = true;
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         while batch.len() < max_batch {
@@ -221,30 +227,43 @@ fn serve(
                 Err(_) => break,
             }
         }
-        // The plain reads of the batch share one read transaction (one
-        // snapshot, one round of WAL read locks).
-        let mut a = Access { conn: &mut conn };
-        let snapshot = a.exec("BEGIN").is_ok();
-        batch.retain_mut(|op| !op.read(&mut a));
-        if snapshot {
-            let _ = a.exec("COMMIT");
+        let mut settled = 0;
+        if read_first {
+            // The plain reads of the batch share one read transaction (one
+            // snapshot, one round of WAL read locks).
+            let mut a = Access { conn: &mut conn };
+            let snapshot = a.exec("BEGIN").is_ok();
+            let queued = batch.len();
+            batch.retain_mut(|op| !op.read(&mut a));
+            settled = queued - batch.len();
+            if snapshot {
+                let _ = a.exec("COMMIT");
+            }
         }
         if !batch.is_empty() {
-            commit_batch(&mut conn, &mut batch, commits);
+            settled += commit_batch(&mut conn, &mut batch, commits);
         }
+        read_first = settled > 0;
         batch.clear();
     }
 }
 
 /// Runs the batch in one transaction and answers it. A commit is counted
 /// before its operations are answered, so whoever holds an answer sees the
-/// commit that carried it in `commits`.
-fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>, commits: &AtomicU64) {
+/// commit that carried it in `commits`. Returns how many operations wrote
+/// nothing under the lock (a plain read might have answered them), or the
+/// batch's length when it did not commit.
+fn commit_batch(
+    conn: &mut Connection,
+    batch: &mut Vec<Box<dyn Step>>,
+    commits: &AtomicU64,
+) -> usize {
     let mut a = Access { conn };
+    let mut idle = batch.len();
     let end = match a.exec("BEGIN IMMEDIATE") {
         Err(e) => Err(convert(e).to_string()),
         Ok(()) => {
-            let broken = run_locked(&mut a, batch);
+            let broken = run_locked(&mut a, batch, &mut idle);
             match broken {
                 Some(why) => {
                     let _ = a.exec("ROLLBACK");
@@ -261,9 +280,13 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>, commits: 
         commits.fetch_add(1, Ordering::Relaxed);
     }
     let end = end.as_ref().map(|_| ()).map_err(String::as_str);
+    if end.is_err() {
+        idle = batch.len();
+    }
     for op in batch.drain(..) {
         op.reply(end);
     }
+    idle
 }
 
 /// Runs the batch under the lock. Returns why the whole transaction must be
@@ -276,28 +299,45 @@ fn commit_batch(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>, commits: 
 /// again with each operation in its own savepoint ([`run_in_savepoints`]),
 /// so that only the one that failed is rolled back. Nobody has been
 /// answered yet: the replies go out after the commit.
-fn run_locked(a: &mut Access<'_>, batch: &mut [Box<dyn Step>]) -> Option<String> {
+fn run_locked(a: &mut Access<'_>, batch: &mut [Box<dyn Step>], idle: &mut usize) -> Option<String> {
+    *idle = 0;
     if let [lone] = batch {
         // A lone operation needs no savepoint: its error rolls the whole
         // transaction back (and it is answered with that error).
-        return (!lone.locked(a, host_now_ms())).then(|| "the operation failed".to_string());
+        return (!run_one(a, lone, idle)).then(|| "the operation failed".to_string());
     }
     // `all` stops at the first failure: the rest run in the second pass.
-    if batch.iter_mut().all(|op| op.locked(a, host_now_ms())) {
+    if batch.iter_mut().all(|op| run_one(a, op, idle)) {
         return None;
     }
+    *idle = 0;
     if let Err(e) = a.exec("ROLLBACK").and_then(|()| a.exec("BEGIN IMMEDIATE")) {
         return Some(format!("the batch could not start again: {e}"));
     }
-    run_in_savepoints(a, batch)
+    run_in_savepoints(a, batch, idle)
+}
+
+/// Runs one operation under the lock; counts it in `idle` when it changed
+/// no row. Returns `false` when it failed.
+fn run_one(a: &mut Access<'_>, op: &mut Box<dyn Step>, idle: &mut usize) -> bool {
+    let before = a.conn.total_changes();
+    let ok = op.locked(a, host_now_ms());
+    if a.conn.total_changes() == before {
+        *idle += 1;
+    }
+    ok
 }
 
 /// Runs each operation of the batch in its own savepoint: one that fails is
 /// rolled back to it, and the others go on.
-fn run_in_savepoints(a: &mut Access<'_>, batch: &mut [Box<dyn Step>]) -> Option<String> {
+fn run_in_savepoints(
+    a: &mut Access<'_>,
+    batch: &mut [Box<dyn Step>],
+    idle: &mut usize,
+) -> Option<String> {
     for op in batch.iter_mut() {
         let savepoint = a.exec("SAVEPOINT op").and_then(|()| {
-            if op.locked(a, host_now_ms()) {
+            if run_one(a, op, idle) {
                 a.exec("RELEASE op")
             } else {
                 a.exec("ROLLBACK TO op").and_then(|()| a.exec("RELEASE op"))
