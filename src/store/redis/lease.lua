@@ -166,10 +166,11 @@ local function memory(now, expected, quarantine_ms)
   return untl <= now, id, untl, floor
 end
 
--- Reply: { code, attempt, fencing, lease_until, now, holder node, holder
--- instance, reason, created, memory id }. code: 1 WON, 2 RUNNING, 3 DONE, 4 LATE,
+-- claim() gives { code, attempt, fencing, lease_until, now, holder node,
+-- holder instance, reason, created }. code: 1 WON, 2 RUNNING, 3 DONE, 4 LATE,
 -- 5 OVERLAP, 6 the server forgot its claims (no decision before lease_until).
--- created = 1 when this claim created the job's runs hash.
+-- created = 1 when this claim created the job's runs hash. The reply to the
+-- caller is one string (see `op == 'claim'` below).
 local mem_id = ''
 local function claim()
   -- ARGV: 2 slot, 3 token, 4 node, 5 instance, 6 lease_ms, 7 max_late_ms,
@@ -312,12 +313,19 @@ local function claim()
   return { 3, r.attempt, 0, 0, now, '', '', reasons[r.state] or 'finished', 0 }
 end
 
+-- Reply: one string, the fields separated by single spaces, the node last
+-- (the only field that may contain spaces):
+--   code attempt fencing lease_until now instance reason created memory_id node
+-- One bulk string instead of a ten-element array: the sidecar parses it in a
+-- fraction of the instructions (docs/BENCHMARKS.md, round 10).
 if op == 'claim' then
   local res = claim()
-  if not res.err then
-    res[10] = mem_id
+  if res.err then
+    return res
   end
-  return res
+  return num(res[1]) .. ' ' .. num(res[2]) .. ' ' .. num(res[3]) .. ' ' .. num(res[4]) ..
+    ' ' .. num(res[5]) .. ' ' .. res[7] .. ' ' .. res[8] .. ' ' .. num(res[9]) .. ' ' ..
+    mem_id .. ' ' .. res[6]
 end
 
 -- Reply: { 1, lease_until, attempt, fencing, now } or { 0, reason }.

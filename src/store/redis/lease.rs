@@ -248,6 +248,66 @@ fn fence_error(reason: &str) -> Error {
     }
 }
 
+/// The claim's reply: one string (`lease.lua`, `op == 'claim'`), which the
+/// connection reads as one bulk value instead of an array of ten.
+#[derive(Debug, PartialEq)]
+struct ClaimReply {
+    code: i64,
+    attempt: u32,
+    fencing: u64,
+    lease_until_ms: i64,
+    now_ms: i64,
+    instance: u64,
+    reason: Option<&'static str>,
+    created: bool,
+    memory_id: String,
+    node: String,
+}
+
+impl ClaimReply {
+    /// `code attempt fencing lease_until now instance reason created
+    /// memory_id node`, single spaces, the node last (it may hold spaces).
+    fn parse(v: Value) -> Result<ClaimReply> {
+        let b = match v {
+            Value::BulkString(b) => b,
+            other => {
+                return Err(Error::Store(format!(
+                    "redis: the claim script answered {other:?}, not its reply string"
+                )))
+            }
+        };
+        let s = std::str::from_utf8(&b)
+            .map_err(|_| Error::Store("redis: the claim reply is not UTF-8".into()))?;
+        let bad =
+            |field: &str| Error::Store(format!("redis: malformed claim reply ({field}): {s:?}"));
+        let mut f = s.splitn(10, ' ');
+        let mut next = |field: &'static str| f.next().ok_or_else(|| bad(field));
+        let int = |v: &str, field: &str| v.parse::<i64>().map_err(|_| bad(field));
+        let code = int(next("code")?, "code")?;
+        let attempt = int(next("attempt")?, "attempt")? as u32;
+        let fencing = int(next("fencing")?, "fencing")? as u64;
+        let lease_until_ms = int(next("lease_until")?, "lease_until")?;
+        let now_ms = int(next("now")?, "now")?;
+        let instance = next("instance")?.parse().unwrap_or_default();
+        let reason = static_reason(next("reason")?);
+        let created = next("created")? == "1";
+        let memory_id = next("memory_id")?.to_string();
+        let node = next("node")?.to_string();
+        Ok(ClaimReply {
+            code,
+            attempt,
+            fencing,
+            lease_until_ms,
+            now_ms,
+            instance,
+            reason,
+            created,
+            memory_id,
+            node,
+        })
+    }
+}
+
 fn static_reason(r: &str) -> Option<&'static str> {
     Some(match r {
         "too_late" => "too_late",
@@ -326,9 +386,10 @@ impl Store for LeaseStore {
             .arg(self.quarantine_ms)
             .arg(u8::from(self.time_fence));
         dead_args(&mut inv, dead, single);
-        let r = self.run_acked(&inv, &spec.job).await?;
+        let marker = JobKeys::new(&self.prefix, &spec.job).key("ack");
+        let r = ClaimReply::parse(self.conn.invoke_acked(&inv, &marker).await?)?;
         if single {
-            let seen = reply::string(r.get(9))?;
+            let seen = r.memory_id;
             if seen != expected {
                 if !expected.is_empty() {
                     tracing::warn!(
@@ -342,23 +403,19 @@ impl Store for LeaseStore {
                     .unwrap_or_else(|p| p.into_inner()) = seen;
             }
         }
-        let code = reply::int(r.first())?;
-        let attempt = reply::int(r.get(1))? as u32;
-        let fencing = reply::int(r.get(2))? as u64;
-        let lease_until_ms = reply::int(r.get(3))?;
-        let now_ms = reply::int(r.get(4))?;
-        let node = reply::string(r.get(5))?;
-        let instance = reply::string(r.get(6))?;
-        let reason = static_reason(&reply::string(r.get(7))?);
-        let created = reply::int(r.get(8))? == 1;
-        let holder = if node.is_empty() {
-            None
-        } else {
-            Some(Holder {
-                node,
-                instance: instance.parse().unwrap_or_default(),
-            })
-        };
+        let ClaimReply {
+            code,
+            attempt,
+            fencing,
+            lease_until_ms,
+            now_ms,
+            instance,
+            reason,
+            created,
+            node,
+            ..
+        } = r;
+        let holder = (!node.is_empty()).then_some(Holder { node, instance });
         let outcome = match code {
             1 => Outcome::Won,
             2 => Outcome::Running,
@@ -618,6 +675,51 @@ impl Leases for LeaseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn claim_reply(s: &str) -> Result<ClaimReply> {
+        ClaimReply::parse(Value::BulkString(s.as_bytes().to_vec()))
+    }
+
+    /// The claim script's one-string reply: every field in its place, empty
+    /// fields kept, the node last with its spaces; a short or malformed
+    /// reply is an error naming the field, never a default.
+    #[test]
+    fn claim_replies_are_read_field_by_field() {
+        let won =
+            claim_reply("1 2 1764979200000001 1764979205000 1764979200000 7  1 19adf node a b")
+                .unwrap();
+        assert_eq!(
+            won,
+            ClaimReply {
+                code: 1,
+                attempt: 2,
+                fencing: 1_764_979_200_000_001,
+                lease_until_ms: 1_764_979_205_000,
+                now_ms: 1_764_979_200_000,
+                instance: 7,
+                reason: None,
+                created: true,
+                memory_id: "19adf".into(),
+                node: "node a b".into(),
+            }
+        );
+        let late = claim_reply("4 0 0 0 1764979200000  too_late 0  ").unwrap();
+        assert_eq!(
+            (late.code, late.reason, late.created),
+            (4, Some("too_late"), false)
+        );
+        assert_eq!((late.memory_id.as_str(), late.node.as_str()), ("", ""));
+        for (reply, field) in [
+            ("1 2 3 4 5 6 x 0 id", "node"),
+            ("1 2 x 4 5 6  0 id n", "fencing"),
+            ("", "code"),
+        ] {
+            let e = claim_reply(reply).unwrap_err().to_string();
+            assert!(e.contains(&format!("({field})")), "{reply:?}: {e}");
+        }
+        let e = ClaimReply::parse(Value::Array(vec![Value::Int(1)])).unwrap_err();
+        assert!(e.to_string().contains("not its reply string"), "{e}");
+    }
 
     #[test]
     fn holder_index_members_are_job_nul_slot() {
