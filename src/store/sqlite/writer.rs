@@ -476,12 +476,23 @@ impl RunAccess for Access<'_> {
         rows.map(|r| r.map_err(convert)?).collect()
     }
 
+    /// Raises the job's counter, then reads it: two statements instead of
+    /// an upsert with `RETURNING`, because SQLite buffers a `RETURNING`
+    /// statement's rows in an ephemeral table that it opens and closes at
+    /// every execution (a b-tree and its page cache, once per won claim).
+    /// The writer holds the database's write lock here, so nothing moves
+    /// the counter between the two.
     async fn next_fence(&mut self, job: &Job) -> Result<u64> {
-        let fence = self.scalar(
-            "INSERT INTO jobs (job, fence) VALUES (?1, 1)
-             ON CONFLICT (job) DO UPDATE SET fence = fence + 1 RETURNING fence",
-            params![job.as_str()],
-        )?;
+        let job = job.as_str();
+        if self.execute(
+            "UPDATE jobs SET fence = fence + 1 WHERE job = ?1",
+            params![job],
+        )? == 0
+        {
+            self.execute("INSERT INTO jobs (job, fence) VALUES (?1, 1)", params![job])?;
+            return Ok(1);
+        }
+        let fence = self.scalar("SELECT fence FROM jobs WHERE job = ?1", params![job])?;
         Ok(fence as u64)
     }
 
