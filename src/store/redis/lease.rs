@@ -136,9 +136,13 @@ impl LeaseStore {
     /// [`run`](Self::run), then `WAIT` for `min_replicas` on the same
     /// connection (claim, renew, release): see [`Conn::invoke_acked`].
     async fn run_acked(&self, inv: &ScriptCall<'_>, job: &Job) -> Result<Vec<Value>> {
+        reply::array(self.invoke_acked(inv, job).await?)
+    }
+
+    /// The script's reply as it came, `WAIT`ed for like [`run_acked`](Self::run_acked).
+    async fn invoke_acked(&self, inv: &ScriptCall<'_>, job: &Job) -> Result<Value> {
         let marker = JobKeys::new(&self.prefix, job).key("ack");
-        let v: Value = self.conn.invoke_acked(inv, &marker).await?;
-        reply::array(v)
+        self.conn.invoke_acked(inv, &marker).await
     }
 
     /// Cluster only: the index updates the script cannot do across slots.
@@ -386,8 +390,7 @@ impl Store for LeaseStore {
             .arg(self.quarantine_ms)
             .arg(u8::from(self.time_fence));
         dead_args(&mut inv, dead, single);
-        let marker = JobKeys::new(&self.prefix, &spec.job).key("ack");
-        let r = ClaimReply::parse(self.conn.invoke_acked(&inv, &marker).await?)?;
+        let r = ClaimReply::parse(self.invoke_acked(&inv, &spec.job).await?)?;
         if single {
             let seen = r.memory_id;
             if seen != expected {
@@ -403,20 +406,11 @@ impl Store for LeaseStore {
                     .unwrap_or_else(|p| p.into_inner()) = seen;
             }
         }
-        let ClaimReply {
-            code,
-            attempt,
-            fencing,
-            lease_until_ms,
-            now_ms,
-            instance,
-            reason,
-            created,
-            node,
-            ..
-        } = r;
-        let holder = (!node.is_empty()).then_some(Holder { node, instance });
-        let outcome = match code {
+        let holder = (!r.node.is_empty()).then_some(Holder {
+            node: r.node,
+            instance: r.instance,
+        });
+        let outcome = match r.code {
             1 => Outcome::Won,
             2 => Outcome::Running,
             3 => Outcome::Done,
@@ -425,7 +419,7 @@ impl Store for LeaseStore {
             6 => {
                 return Err(Error::Unavailable(format!(
                     "redis forgot its claims (a restart without persistence?); no claim is decided for {} ms more",
-                    (lease_until_ms - now_ms).max(0)
+                    (r.lease_until_ms - r.now_ms).max(0)
                 )))
             }
             other => return Err(Error::Store(format!("redis: unknown claim code {other}"))),
@@ -433,19 +427,19 @@ impl Store for LeaseStore {
         if outcome == Outcome::Won && !single {
             // The run is ours whatever happens to the helper indexes: a
             // missed update only costs the graceful end of this lease.
-            if let Err(e) = self.after_win(spec, created).await {
+            if let Err(e) = self.after_win(spec, r.created).await {
                 tracing::warn!(error = %e, job = %spec.job, "could not index a won run");
             }
         }
         Ok(ClaimAnswer {
             outcome,
             token: (outcome == Outcome::Won).then(|| spec.token.clone()),
-            attempt,
-            fencing,
-            lease_until_ms,
-            now_ms,
+            attempt: r.attempt,
+            fencing: r.fencing,
+            lease_until_ms: r.lease_until_ms,
+            now_ms: r.now_ms,
             holder,
-            reason,
+            reason: r.reason,
         })
     }
 

@@ -259,7 +259,7 @@ fn commit_batch(
     commits: &AtomicU64,
 ) -> usize {
     let mut a = Access { conn };
-    let mut idle = batch.len();
+    let mut idle = 0;
     let end = match a.exec("BEGIN IMMEDIATE") {
         Err(e) => Err(convert(e).to_string()),
         Ok(()) => {
