@@ -117,8 +117,16 @@ for _ in $(seq 1 300); do
   done
   # every cluster master has its replica
   [ "$(cli 7100 cluster nodes | awk '$3 ~ /slave/ && $3 !~ /fail/' | wc -l)" = 3 ] || ok=0
+  # the Sentinel master: every Sentinel names it, none has a failover under
+  # way, and both replicas are online (a replica still waiting for its first
+  # sync is counted in connected_slaves, but promoted it would come up
+  # without the data the tests' claims rely on)
   m=$(current_master)
-  [ "$(cli "$m" info replication | sed -n 's/^connected_slaves://p')" = 2 ] || ok=0
+  for s in "${sentinels[@]}"; do
+    [ "$(cli "$s" sentinel get-master-addr-by-name "$master_name" | sed -n 2p)" = "$m" ] || ok=0
+    [ "$(cli "$s" sentinel master "$master_name" | sed -n '/^flags$/{n;p}')" = master ] || ok=0
+  done
+  [ "$(cli "$m" info replication | grep -c '^slave[0-9]*:.*state=online')" = 2 ] || ok=0
   if [ "$ok" = 1 ]; then
     echo "extra-redis-ha: cluster ok on ${cports[*]}; sentinel master $m, sentinels ${sentinels[*]}"
     exit 0
