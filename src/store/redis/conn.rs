@@ -448,14 +448,19 @@ impl Conn {
     /// [`invoke`](Self::invoke) for a deciding step: with `min_replicas > 0`
     /// the step is followed on the same connection by a write of `marker`
     /// (a key in the job's hash slot) and `WAIT`, and the answer stands only
-    /// when enough replicas acknowledged.
-    pub(crate) async fn invoke_acked(&self, call: &ScriptCall<'_>, marker: &str) -> Result<Value> {
+    /// when enough replicas acknowledged. The marker is built only then: with
+    /// `min_replicas = 0` (the common case) a claim does not pay for it.
+    pub(crate) async fn invoke_acked(
+        &self,
+        call: &ScriptCall<'_>,
+        marker: impl FnOnce() -> String,
+    ) -> Result<Value> {
         if self.inner.min_replicas == 0 {
             return self.invoke(call).await;
         }
         // The script's load is sent without `WAIT`; the shortfall is the
         // last step's.
-        let mut acked = self.acked(marker);
+        let mut acked = self.acked_owned(marker());
         let v = call.invoke_async(&mut acked).await.map_err(convert)?;
         acked.shortfall()?;
         Ok(v)
@@ -482,9 +487,13 @@ impl Conn {
 
     /// A connection that sends every command as `[command, SET marker, WAIT]`.
     pub(crate) fn acked(&self, marker: &str) -> Acked {
+        self.acked_owned(marker.to_owned())
+    }
+
+    fn acked_owned(&self, marker: String) -> Acked {
         Acked {
             conn: self.clone(),
-            marker: marker.to_owned(),
+            marker,
             short: None,
         }
     }

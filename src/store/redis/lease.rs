@@ -141,8 +141,9 @@ impl LeaseStore {
 
     /// The script's reply as it came, `WAIT`ed for like [`run_acked`](Self::run_acked).
     async fn invoke_acked(&self, inv: &ScriptCall<'_>, job: &Job) -> Result<Value> {
-        let marker = JobKeys::new(&self.prefix, job).key("ack");
-        self.conn.invoke_acked(inv, &marker).await
+        self.conn
+            .invoke_acked(inv, || JobKeys::new(&self.prefix, job).key("ack"))
+            .await
     }
 
     /// Cluster only: the index updates the script cannot do across slots.

@@ -181,8 +181,10 @@ impl OnceBase {
             .arg(exact_id.unwrap_or(""))
             .arg(self.results_ttl_ms)
             .arg(SCAN_LIMIT);
-        let marker = self.ack_key(&spec.job);
-        let v: Value = self.conn.invoke_acked(&inv, &marker).await?;
+        let v: Value = self
+            .conn
+            .invoke_acked(&inv, || self.ack_key(&spec.job))
+            .await?;
         let r = reply::array(v)?;
         if reply::int(r.first())? == 1 {
             return Ok(());
@@ -270,8 +272,10 @@ impl OnceBase {
         spec: &ClaimSpec,
         inv: &ScriptCall<'_>,
     ) -> Result<ClaimAnswer> {
-        let marker = self.ack_key(&spec.job);
-        let v: Value = self.conn.invoke_acked(inv, &marker).await?;
+        let v: Value = self
+            .conn
+            .invoke_acked(inv, || self.ack_key(&spec.job))
+            .await?;
         self.script_answer(spec, v, "max_late_ms")
     }
 
