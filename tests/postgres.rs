@@ -418,7 +418,10 @@ async fn pg_store(url: &str) -> store::PostgresStore {
 /// driven from Rust, and group commit (`<prefix>_claim_batch`, batches of
 /// ten claims of different jobs). Also slot 0, late and
 /// future slots, both overlap policies, attempts left or not. The answer and
-/// the stored run must be exactly what the decision table says.
+/// the stored run must be exactly what the decision table says. Every other
+/// case of the function and of group commit follows a call in which every
+/// claim won, so it goes straight to the locked pass (`p_lock_first`); the
+/// rest read before the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_paths_agree_with_the_decision_table() {
     if !pg::available() {
@@ -438,6 +441,11 @@ async fn claim_paths_agree_with_the_decision_table() {
         for n in 0..150 {
             let c = Case::random(&mut rng, &job(&format!("agree-{path}-{n}")));
             c.store(&admin, &prefix).await;
+            if n % 2 == 1 {
+                let win = spec(&job("agree-win"), host_now_ms(), &holder("me", 1));
+                let won = s.claim(&win, &DeadHolders::none()).await.unwrap();
+                assert_eq!(won.outcome, Outcome::Won, "{won:?}");
+            }
             let got = s.claim(&c.spec, &c.dead).await.unwrap();
             let d = c.check(&*s, got, &format!("{path} case {n}")).await;
             *seen.entry(d).or_default() += 1;
@@ -454,6 +462,14 @@ async fn claim_paths_agree_with_the_decision_table() {
             c.dead = dead.clone();
             c.store(&admin, &prefix).await;
         }
+        if batch % 2 == 1 {
+            let wins: Vec<ClaimSpec> = (0..3)
+                .map(|_| spec(&job("agree-win"), host_now_ms(), &holder("me", 1)))
+                .collect();
+            for won in s.claim_batch(&wins, &DeadHolders::none()).await {
+                assert_eq!(won.unwrap().outcome, Outcome::Won);
+            }
+        }
         let specs: Vec<ClaimSpec> = cases.iter().map(|c| c.spec.clone()).collect();
         let answers = s.claim_batch(&specs, &dead).await;
         for (n, (c, got)) in cases.iter().zip(answers).enumerate() {
@@ -464,6 +480,96 @@ async fn claim_paths_agree_with_the_decision_table() {
         }
     }
     eprintln!("decisions checked: {seen:?}");
+    pg::drop_tables(&prefix).await;
+}
+
+/// The job's fencing counter, as stored.
+async fn fence_of(admin: &sqlx::PgPool, prefix: &str, j: &Job) -> i64 {
+    sqlx::query_scalar(&format!("SELECT fence FROM {prefix}_jobs WHERE job = $1"))
+        .bind(j.as_str())
+        .fetch_one(admin)
+        .await
+        .unwrap()
+}
+
+/// While every claim of the last call won, the next call goes straight to
+/// the locked pass (`p_lock_first`, migration 0008); one claim that did not
+/// win turns the read before the lock back on. Seen from outside by the
+/// job's fencing counter: a claim that loses under the lock has drawn (and
+/// left unused) the job's next number, a claim answered by the read before
+/// the lock has not touched the job. The same for a claim alone and for a
+/// batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_wins_sends_the_next_claim_straight_to_the_lock() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let s = pg_store(&pg::backend(&prefix)).await;
+    let admin = pg::admin().await;
+    let none = DeadHolders::none();
+    let t = host_now_ms();
+    let (me, other) = (holder("me", 1), holder("other", 1));
+
+    // Alone (the store's first claim, nothing in flight).
+    let a = job("lf-alone");
+    let won = s.claim(&spec(&a, t, &me), &none).await.unwrap();
+    assert_eq!((won.outcome, won.fencing), (Outcome::Won, 1), "{won:?}");
+    let lost = s.claim(&spec(&a, t, &other), &none).await.unwrap();
+    assert_eq!(lost.outcome, Outcome::Running, "{lost:?}");
+    assert_eq!(
+        fence_of(&admin, &prefix, &a).await,
+        2,
+        "decided under the lock"
+    );
+    let lost = s.claim(&spec(&a, t, &other), &none).await.unwrap();
+    assert_eq!(lost.outcome, Outcome::Running, "{lost:?}");
+    assert_eq!(
+        fence_of(&admin, &prefix, &a).await,
+        2,
+        "answered before the lock"
+    );
+    let won = s.claim(&spec(&a, t + 1, &me), &none).await.unwrap();
+    assert_eq!((won.outcome, won.fencing), (Outcome::Won, 3), "{won:?}");
+
+    // In batches.
+    let b = job("lf-batch");
+    let wins = vec![spec(&b, t, &me), spec(&b, t + 1, &me)];
+    let got: Vec<ClaimAnswer> = s
+        .claim_batch(&wins, &none)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        got.iter()
+            .map(|a| (a.outcome, a.fencing))
+            .collect::<Vec<_>>(),
+        [(Outcome::Won, 1), (Outcome::Won, 2)]
+    );
+    let lose = vec![spec(&b, t, &other)];
+    let got = s.claim_batch(&lose, &none).await;
+    assert_eq!(
+        got[0].as_ref().unwrap().outcome,
+        Outcome::Running,
+        "{got:?}"
+    );
+    assert_eq!(
+        fence_of(&admin, &prefix, &b).await,
+        3,
+        "decided under the lock"
+    );
+    let got = s.claim_batch(&lose, &none).await;
+    assert_eq!(
+        got[0].as_ref().unwrap().outcome,
+        Outcome::Running,
+        "{got:?}"
+    );
+    assert_eq!(
+        fence_of(&admin, &prefix, &b).await,
+        3,
+        "answered before the lock"
+    );
     pg::drop_tables(&prefix).await;
 }
 

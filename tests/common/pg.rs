@@ -55,9 +55,17 @@ pub async fn drop_tables(prefix: &str) {
 }
 
 async fn drop_prefix(pool: &sqlx::PgPool, prefix: &str) -> sqlx::Result<()> {
+    // Every overload of the prefix's functions (`_claim` and `_claim_batch`
+    // have a 13- and a 14-argument form since migration 8).
     sqlx::raw_sql(&format!(
-        "DROP FUNCTION IF EXISTS {prefix}_claim, {prefix}_holder_dead;
-         DROP TABLE IF EXISTS {prefix}_runs, {prefix}_jobs, {prefix}_liveness, {prefix}_migrations"
+        "DO $$ DECLARE f regprocedure; BEGIN
+           FOR f IN SELECT oid::regprocedure FROM pg_proc
+             WHERE proname IN ('{prefix}_claim', '{prefix}_claim_batch', '{prefix}_holder_dead')
+               AND pronamespace = current_schema()::regnamespace
+           LOOP EXECUTE 'DROP FUNCTION IF EXISTS ' || f::text || ' CASCADE'; END LOOP;
+         END $$;
+         DROP TABLE IF EXISTS {prefix}_runs, {prefix}_jobs, {prefix}_liveness, {prefix}_meta,
+           {prefix}_migrations"
     ))
     .execute(pool)
     .await

@@ -21,8 +21,15 @@
 //! sidecar's view at that moment); claims whose sets differ go in separate
 //! calls. A batch is sorted by job so that concurrent batches take job locks
 //! in one order and cannot deadlock.
+//!
+//! While every claim of the last call (a batch or a claim alone) won, the
+//! next call goes straight to the locked pass (`p_lock_first`,
+//! `migrations/postgres/0008_claim_lock_first.sql`): in a stream of new
+//! slots the read before the lock answers nothing. One claim that did not
+//! win turns the read back on for the next call. Either way the decision is
+//! the one taken under the job's lock.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +63,8 @@ pub(super) struct Batcher {
     in_flight: usize,
     /// `max_batch` 1: no group commit, every claim is its own call.
     alone_always: bool,
-    pool: Arc<Pool>,
+    /// What batches run with.
+    call: Call,
     /// The `<prefix>_claim` call of a claim alone.
     one: Arc<str>,
     /// How many claims the last batch carried (see [`gather`]).
@@ -76,9 +84,13 @@ impl Batcher {
         let (tx, rx) = mpsc::channel(QUEUE);
         let slots = Arc::new(Semaphore::new(in_flight));
         let last = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(gather(
-            pool.clone(),
+        let call = Call {
+            pool,
             sql,
+            lock_first: Arc::new(AtomicBool::new(false)),
+        };
+        tokio::spawn(gather(
+            call.clone(),
             rx,
             max_batch,
             slots.clone(),
@@ -89,10 +101,20 @@ impl Batcher {
             slots,
             in_flight,
             alone_always: max_batch <= 1,
-            pool,
+            call,
             one,
             last,
         }
+    }
+
+    /// Claims `specs` (one holder) as one call of `<prefix>_claim_batch`
+    /// now, whatever else is in flight (see [`claim_all`]).
+    pub(super) async fn claim_all(
+        &self,
+        specs: &[ClaimSpec],
+        dead: &DeadHolders,
+    ) -> Vec<AttemptResult<ClaimAnswer>> {
+        claim_all(&self.call, specs, dead).await
     }
 
     /// One claim, answered when the batch it joined has committed, or at
@@ -111,7 +133,7 @@ impl Batcher {
             // No group commit: each claim waits for a connection slot and
             // runs alone, in its own task.
             let _slot = self.slots.acquire().await.map_err(|_| stopped())?;
-            return claim_one(&self.pool, &self.one, spec, dead).await;
+            return claim_one(&self.call, &self.one, spec, dead).await;
         }
         // Alone only when nothing is queued or in flight and the last batch
         // was not a busy one (under load, the next batch is gathered).
@@ -120,7 +142,7 @@ impl Batcher {
             && self.last.load(Ordering::Relaxed) <= 1;
         if idle {
             if let Ok(_slot) = self.slots.try_acquire() {
-                return claim_one(&self.pool, &self.one, spec, dead).await;
+                return claim_one(&self.call, &self.one, spec, dead).await;
             }
         }
         let (reply, answer) = oneshot::channel();
@@ -147,8 +169,7 @@ impl Batcher {
 /// and only when the last batch had more than one claim: a lone client
 /// never waits.
 async fn gather(
-    pool: Arc<Pool>,
-    sql: Arc<str>,
+    call: Call,
     mut queue: mpsc::Receiver<Pending>,
     max_batch: usize,
     slots: Arc<Semaphore>,
@@ -177,7 +198,7 @@ async fn gather(
             }
         }
         last.store(batch.len(), Ordering::Relaxed);
-        tokio::spawn(flush(pool.clone(), sql.clone(), batch, slot));
+        tokio::spawn(flush(call.clone(), batch, slot));
     }
 }
 
@@ -185,12 +206,7 @@ async fn gather(
 /// sidecar, one), then answers. A call whose callers have all gone (their
 /// RPCs were cancelled) is dropped, as a lone claim's statement would be, so
 /// that a claim stuck on a job lock keeps no connection once nobody waits.
-async fn flush(
-    pool: Arc<Pool>,
-    sql: Arc<str>,
-    mut batch: Vec<Pending>,
-    _slot: OwnedSemaphorePermit,
-) {
+async fn flush(call: Call, mut batch: Vec<Pending>, _slot: OwnedSemaphorePermit) {
     while !batch.is_empty() {
         let (dead, holder) = (batch[0].dead.clone(), batch[0].spec.holder.clone());
         let (same, rest): (Vec<Pending>, Vec<Pending>) = batch
@@ -201,7 +217,7 @@ async fn flush(
             same.into_iter().map(|p| (p.spec, p.reply)).unzip();
         let gone = futures::future::join_all(replies.iter_mut().map(|r| r.closed()));
         let answers = tokio::select! {
-            answers = claim_all(&pool, &sql, &specs, &dead) => answers,
+            answers = claim_all(&call, &specs, &dead) => answers,
             _ = gone => continue,
         };
         for (reply, out) in replies.into_iter().zip(answers) {
@@ -217,12 +233,20 @@ fn missing() -> AttemptError {
     ))
 }
 
+/// What a batch is run with: the pool, the `<prefix>_claim_batch` call, and
+/// the flag [`claim_one`] shares.
+#[derive(Clone)]
+struct Call {
+    pool: Arc<Pool>,
+    sql: Arc<str>,
+    lock_first: Arc<AtomicBool>,
+}
+
 /// Claims `specs` (one holder) as one call of `<prefix>_claim_batch`,
 /// sorted by job and slot (so that concurrent batches take job locks in one
 /// order and cannot deadlock): per claim, in the order given, its answer.
-pub(super) async fn claim_all(
-    pool: &Pool,
-    sql: &str,
+async fn claim_all(
+    call: &Call,
     specs: &[ClaimSpec],
     dead: &DeadHolders,
 ) -> Vec<AttemptResult<ClaimAnswer>> {
@@ -232,7 +256,7 @@ pub(super) async fn claim_all(
     });
     let sorted: Vec<&ClaimSpec> = order.iter().map(|&i| &specs[i]).collect();
     let mut out: Vec<AttemptResult<ClaimAnswer>> = specs.iter().map(|_| Err(missing())).collect();
-    match call(pool, sql, &sorted, dead).await {
+    match run(call, &sorted, dead).await {
         Ok(mut rows) => {
             for (k, &i) in order.iter().enumerate() {
                 if let Some(a) = rows.get_mut(k).and_then(Option::take) {
@@ -251,14 +275,14 @@ pub(super) async fn claim_all(
 
 /// A claim alone: one call of `<prefix>_claim`.
 async fn claim_one(
-    pool: &Pool,
+    call: &Call,
     sql: &str,
     spec: &ClaimSpec,
     dead: &DeadHolders,
 ) -> AttemptResult<ClaimAnswer> {
     let (dead_nodes, dead_instances) = dead_arrays(dead);
     let (current_nodes, current_instances) = current_arrays(dead);
-    let mut conn = pool.acquire().await?;
+    let mut conn = call.pool.acquire().await?;
     let row = sqlx::query(sql)
         .bind(spec.job.as_str())
         .bind(spec.slot_ms)
@@ -273,10 +297,21 @@ async fn claim_one(
         .bind(dead_instances)
         .bind(current_nodes)
         .bind(current_instances)
+        .bind(call.lock_first.load(Ordering::Relaxed))
         .fetch_one(&mut *conn)
         .await?;
     conn.done();
+    call.lock_first.store(took_a_run(&row), Ordering::Relaxed);
     answer_of(&row, spec)
+}
+
+/// The claim won by writing its run (a first claim, a takeover, a relock):
+/// what keeps the next call going straight to the lock.
+fn took_a_run(row: &PgRow) -> bool {
+    matches!(
+        row.try_get::<Option<&str>, _>("decision"),
+        Ok(Some("insert" | "takeover" | "relock"))
+    )
 }
 
 /// The unconditionally dead instances, as (nodes, instances) arrays.
@@ -292,9 +327,8 @@ fn current_arrays(dead: &DeadHolders) -> (Vec<&str>, Vec<i64>) {
 }
 
 /// One call of `<prefix>_claim_batch`: per claim, its answer or its error.
-async fn call(
-    pool: &Pool,
-    sql: &str,
+async fn run(
+    call: &Call,
     specs: &[&ClaimSpec],
     dead: &DeadHolders,
 ) -> AttemptResult<Vec<Option<AttemptResult<ClaimAnswer>>>> {
@@ -302,8 +336,8 @@ async fn call(
     let (current_nodes, current_instances) = current_arrays(dead);
     // [`claim_all`]'s claims are of one holder.
     let holder = &specs[0].holder;
-    let mut conn = pool.acquire().await?;
-    let rows = sqlx::query(sql)
+    let mut conn = call.pool.acquire().await?;
+    let rows = sqlx::query(&call.sql)
         .bind(specs.iter().map(|s| s.job.as_str()).collect::<Vec<_>>())
         .bind(specs.iter().map(|s| s.slot_ms).collect::<Vec<_>>())
         .bind(specs.iter().map(|s| s.token.as_str()).collect::<Vec<_>>())
@@ -327,9 +361,14 @@ async fn call(
         .bind(dead_instances)
         .bind(current_nodes)
         .bind(current_instances)
+        .bind(call.lock_first.load(Ordering::Relaxed))
         .fetch_all(&mut *conn)
         .await?;
     conn.done();
+    call.lock_first.store(
+        rows.len() == specs.len() && rows.iter().all(took_a_run),
+        Ordering::Relaxed,
+    );
     let mut out: Vec<Option<AttemptResult<ClaimAnswer>>> = (0..specs.len()).map(|_| None).collect();
     for row in &rows {
         let index: i32 = row.try_get("idx")?;

@@ -45,6 +45,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "claim_one_fence_write",
         include_str!("../../../migrations/postgres/0007_claim_one_fence_write.sql"),
     ),
+    (
+        8,
+        "claim_lock_first",
+        include_str!("../../../migrations/postgres/0008_claim_lock_first.sql"),
+    ),
 ];
 
 /// The advisory lock key that serialises the migrations of one prefix.

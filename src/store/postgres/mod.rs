@@ -405,7 +405,8 @@ impl PostgresStore {
         specs: &[ClaimSpec],
         dead: &DeadHolders,
     ) -> Vec<Result<ClaimAnswer>> {
-        batch::claim_all(&self.pool, &self.sql.claim_batch, specs, dead)
+        self.batcher
+            .claim_all(specs, dead)
             .await
             .into_iter()
             .map(|a| a.map_err(AttemptError::into_error))

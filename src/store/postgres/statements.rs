@@ -19,11 +19,12 @@ pub(super) const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1
 /// The statements, spelled once for the configured prefix.
 pub(super) struct Statements {
     /// Claims, one call of `<prefix>_claim_batch` (see
-    /// `migrations/postgres/0006_claim_batch.sql`): per claim, its index in
-    /// the arrays (from 1), its error or its decision and run.
+    /// `migrations/postgres/0006_claim_batch.sql` and `0008_claim_lock_first.sql`,
+    /// `$14` is `p_lock_first`): per claim, its index in the arrays (from
+    /// 1), its error or its decision and run.
     pub(super) claim_batch: Arc<str>,
     /// One claim alone, one call of `<prefix>_claim` (same columns but the
-    /// index and error).
+    /// index and error; `$14` is `p_lock_first`).
     pub(super) claim_one: Arc<str>,
     /// The database's clock and the run, without a lock.
     pub(super) peek: String,
@@ -77,12 +78,12 @@ impl Statements {
                    SELECT node, instance FROM {liveness} WHERE updated_at_ms < $1 LIMIT $2)"
             ),
             claim_one: format!(
-                "SELECT {CLAIM_COLUMNS} FROM {p}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                "SELECT {CLAIM_COLUMNS} FROM {p}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
             )
             .into(),
             claim_batch: format!(
                 "SELECT o_index AS idx, o_error AS error, {CLAIM_COLUMNS}
-                 FROM {p}_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                 FROM {p}_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
             )
             .into(),
             peek: format!(
