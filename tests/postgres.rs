@@ -627,13 +627,9 @@ async fn group_commit_decides_each_claim_on_what_came_before() {
     assert_eq!(got[3].outcome, Outcome::Won, "{got:?}");
     assert_eq!(got[4].outcome, Outcome::Overlap, "{got:?}");
     assert_eq!(got[4].holder, Some(me.clone()), "{got:?}");
-    let fence: i64 = sqlx::query_scalar(&format!("SELECT fence FROM {prefix}_jobs WHERE job = $1"))
-        .bind(a.as_str())
-        .fetch_one(&admin)
-        .await
-        .unwrap();
     assert_eq!(
-        fence as u64, got[2].fencing,
+        fence_of(&admin, &prefix, &a).await as u64,
+        got[2].fencing,
         "the job's counter is the last number issued"
     );
 

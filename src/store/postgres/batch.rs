@@ -63,10 +63,8 @@ pub(super) struct Batcher {
     in_flight: usize,
     /// `max_batch` 1: no group commit, every claim is its own call.
     alone_always: bool,
-    /// What batches run with.
+    /// What batches and claims alone run with.
     call: Call,
-    /// The `<prefix>_claim` call of a claim alone.
-    one: Arc<str>,
     /// How many claims the last batch carried (see [`gather`]).
     last: Arc<AtomicUsize>,
 }
@@ -87,6 +85,7 @@ impl Batcher {
         let call = Call {
             pool,
             sql,
+            one,
             lock_first: Arc::new(AtomicBool::new(false)),
         };
         tokio::spawn(gather(
@@ -102,7 +101,6 @@ impl Batcher {
             in_flight,
             alone_always: max_batch <= 1,
             call,
-            one,
             last,
         }
     }
@@ -133,7 +131,7 @@ impl Batcher {
             // No group commit: each claim waits for a connection slot and
             // runs alone, in its own task.
             let _slot = self.slots.acquire().await.map_err(|_| stopped())?;
-            return claim_one(&self.call, &self.one, spec, dead).await;
+            return claim_one(&self.call, spec, dead).await;
         }
         // Alone only when nothing is queued or in flight and the last batch
         // was not a busy one (under load, the next batch is gathered).
@@ -142,7 +140,7 @@ impl Batcher {
             && self.last.load(Ordering::Relaxed) <= 1;
         if idle {
             if let Ok(_slot) = self.slots.try_acquire() {
-                return claim_one(&self.call, &self.one, spec, dead).await;
+                return claim_one(&self.call, spec, dead).await;
             }
         }
         let (reply, answer) = oneshot::channel();
@@ -233,12 +231,15 @@ fn missing() -> AttemptError {
     ))
 }
 
-/// What a batch is run with: the pool, the `<prefix>_claim_batch` call, and
-/// the flag [`claim_one`] shares.
+/// What batches and claims alone run with: the pool, the two statements,
+/// and the flag they share (every claim of the last call won).
 #[derive(Clone)]
 struct Call {
     pool: Arc<Pool>,
+    /// The `<prefix>_claim_batch` call.
     sql: Arc<str>,
+    /// The `<prefix>_claim` call of a claim alone.
+    one: Arc<str>,
     lock_first: Arc<AtomicBool>,
 }
 
@@ -276,14 +277,13 @@ async fn claim_all(
 /// A claim alone: one call of `<prefix>_claim`.
 async fn claim_one(
     call: &Call,
-    sql: &str,
     spec: &ClaimSpec,
     dead: &DeadHolders,
 ) -> AttemptResult<ClaimAnswer> {
     let (dead_nodes, dead_instances) = dead_arrays(dead);
     let (current_nodes, current_instances) = current_arrays(dead);
     let mut conn = call.pool.acquire().await?;
-    let row = sqlx::query(sql)
+    let row = sqlx::query(&call.one)
         .bind(spec.job.as_str())
         .bind(spec.slot_ms)
         .bind(spec.token.as_str())
