@@ -35,6 +35,21 @@ fn bad_config_exits_64_naming_the_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("lease_ms"));
+
+    // A misspelt PostgreSQL option is refused before anything connects: the
+    // driver would only log it (`sslmod=require` would connect without TLS).
+    for (url, name) in [
+        ("postgres://u@127.0.0.1:1/db?sslmod=require", "\"sslmod\""),
+        ("postgres://u@127.0.0.1:1/db?max_bach=4", "\"max_bach\""),
+    ] {
+        let out = anarchon(&["check", "--backend", url]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{url}: {err}");
+        assert!(
+            err.contains("backend") && err.contains(name),
+            "{url}: {err}"
+        );
+    }
 }
 
 #[test]

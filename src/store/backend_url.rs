@@ -1,9 +1,9 @@
 //! What every backend URL shares: hiding its password, and splitting its
 //! query into the store's own options and the ones its client library takes.
 //!
-//! Unknown query options are refused (unless a store passes every other one
-//! on, as PostgreSQL does): a misspelt `slot_ttl_ms` that was silently
-//! ignored would quietly change how a store decides.
+//! Unknown query options are refused, naming the option and the known ones:
+//! a misspelt `slot_ttl_ms` that was silently ignored would quietly change
+//! how a store decides.
 
 use crate::error::{Error, Result};
 
@@ -28,15 +28,6 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// Which query options, besides a store's own, go on to its client library.
-#[derive(Debug, Clone, Copy)]
-pub enum Passthrough<'a> {
-    /// These; any other option is refused, naming it.
-    Only(&'a [&'a str]),
-    /// Every other option (the PostgreSQL driver takes many).
-    Any,
-}
-
 /// A backend URL split into the store's own query options and the rest.
 #[derive(Debug, Default)]
 pub struct UrlOptions {
@@ -48,10 +39,12 @@ pub struct UrlOptions {
     pub passthrough: Vec<String>,
 }
 
-/// Splits `url`'s query into the options named in `own` and the ones
-/// `passthrough` lets through; anything else is an `invalid backend` error
-/// naming the option and the known ones.
-pub fn split_options(url: &str, own: &[&str], passthrough: Passthrough<'_>) -> Result<UrlOptions> {
+/// Splits `url`'s query into the options named in `own` and the ones that go
+/// on to the store's client library (`passthrough`; an entry ending in `[`
+/// lets through every key it begins, `options[` for `options[search_path]`);
+/// anything else is an `invalid backend` error naming the option and the
+/// known ones.
+pub fn split_options(url: &str, own: &[&str], passthrough: &[&str]) -> Result<UrlOptions> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut out = UrlOptions {
         base: base.to_owned(),
@@ -65,21 +58,31 @@ pub fn split_options(url: &str, own: &[&str], passthrough: Passthrough<'_>) -> R
             out.own.push((k.into_owned(), v.into_owned()));
             continue;
         }
-        match passthrough {
-            Passthrough::Any => {}
-            Passthrough::Only(known) if known.contains(&&*k) => {}
-            Passthrough::Only(known) => {
-                let mut names: Vec<&str> = own.iter().chain(known).copied().collect();
-                names.sort_unstable();
-                return Err(bad(format!(
-                    "unknown option {k:?} in the backend URL; known: {}",
-                    names.join(", ")
-                )));
-            }
+        if !known_key(passthrough, &k) {
+            let mut names: Vec<String> = own
+                .iter()
+                .chain(passthrough)
+                .map(|n| match n.strip_suffix('[') {
+                    Some(stem) => format!("{stem}[NAME]"),
+                    None => (*n).to_owned(),
+                })
+                .collect();
+            names.sort_unstable();
+            return Err(bad(format!(
+                "unknown option {k:?} in the backend URL; known: {}",
+                names.join(", ")
+            )));
         }
         out.passthrough.push(pair.to_owned());
     }
     Ok(out)
+}
+
+/// `key` is one of `known`, or begins with one of them that ends in `[`.
+fn known_key(known: &[&str], key: &str) -> bool {
+    known
+        .iter()
+        .any(|n| *n == key || (n.ends_with('[') && key.starts_with(n) && key.ends_with(']')))
 }
 
 /// A whole number option `field=v` within `1..=max`, or an error naming
@@ -178,31 +181,41 @@ mod tests {
         let s = split_options(
             "amqp://u:p@h:5672/%2f?heartbeat=10&prefix=x&slot_ttl_ms=90000",
             &["prefix", "slot_ttl_ms"],
-            Passthrough::Only(&["heartbeat"]),
+            &["heartbeat"],
         )
         .unwrap();
         assert_eq!(s.client_url(), "amqp://u:p@h:5672/%2f?heartbeat=10");
         assert_eq!(s.get("prefix"), Some("x"));
         assert_eq!(s.millis("slot_ttl_ms", 1, 1, 100_000).unwrap(), 90_000);
         assert_eq!(s.millis("timeout_ms", 7, 1, 100).unwrap(), 7);
-        let e = split_options(
-            "nats://h?slot_tll_ms=1",
-            &["slot_ttl_ms"],
-            Passthrough::Only(&[]),
-        )
-        .unwrap_err();
+        let e = split_options("nats://h?slot_tll_ms=1", &["slot_ttl_ms"], &[]).unwrap_err();
         assert!(e.to_string().contains("\"slot_tll_ms\""), "{e}");
-        let twice =
-            split_options("nats://h?prefix=a&prefix=b", &["prefix"], Passthrough::Any).unwrap();
+        let twice = split_options("nats://h?prefix=a&prefix=b", &["prefix"], &[]).unwrap();
         assert_eq!(twice.get("prefix"), Some("b"));
         assert!(twice.each_once().is_err());
-        let any = split_options(
-            "postgres://h/db?sslmode=disable&table=t",
+        let driver = split_options(
+            "postgres://h/db?sslmode=disable&table=t&options[search_path]=s",
             &["table"],
-            Passthrough::Any,
+            &["sslmode", "options["],
         )
         .unwrap();
-        assert_eq!(any.client_url(), "postgres://h/db?sslmode=disable");
-        assert_eq!(any.get("table"), Some("t"));
+        assert_eq!(
+            driver.client_url(),
+            "postgres://h/db?sslmode=disable&options[search_path]=s"
+        );
+        assert_eq!(driver.get("table"), Some("t"));
+        for bad in ["sslmod=disable", "options[x=1", "optionsx=1"] {
+            let e = split_options(
+                &format!("postgres://h/db?{bad}"),
+                &["table"],
+                &["sslmode", "options["],
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("unknown option"), "{bad}: {e}");
+            assert!(
+                e.to_string().contains("options[NAME], sslmode"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

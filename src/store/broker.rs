@@ -6,7 +6,7 @@
 //! refused: a misspelt `slot_ttl_ms` that was silently ignored would quietly
 //! shorten how long a claim is remembered.
 
-use super::backend_url::{split_options, Passthrough, UrlOptions};
+use super::backend_url::{split_options, UrlOptions};
 use crate::claim::{ClaimAnswer, ClaimSpec, Outcome};
 use crate::error::{Error, Result};
 
@@ -32,7 +32,7 @@ fn bad(m: impl Into<String>) -> Error {
 /// broker store's options, `passthrough` the client library's; each own
 /// option may be given once.
 pub fn split(url: &str, own: &[&str], passthrough: &[&str]) -> Result<UrlOptions> {
-    let opts = split_options(url, own, Passthrough::Only(passthrough))?;
+    let opts = split_options(url, own, passthrough)?;
     opts.each_once()?;
     Ok(opts)
 }

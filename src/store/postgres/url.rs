@@ -1,16 +1,41 @@
 //! The PostgreSQL backend URL: where the store is and how it runs.
 
-use super::super::backend_url::{count, split_options, Passthrough};
+use super::super::backend_url::{count, split_options};
 use super::super::Backend;
 use crate::error::{Error, Result};
 
-/// The query options the store takes; every other one goes to the driver.
+/// The query options the store takes itself (the driver's are [`DRIVER_OPTIONS`]).
 const OPTIONS: &[&str] = &[
     "table",
     "max_connections",
     "claim",
     "max_batch",
     "batches_in_flight",
+];
+
+/// The query options the driver (sqlx 0.8) reads; any other is refused, since
+/// the driver would only log it and connect without it (`sslmod=require`
+/// would connect without TLS). `options[` admits `options[search_path]=…`.
+const DRIVER_OPTIONS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+    "options[",
 ];
 
 /// The table prefix when the URL names none.
@@ -56,14 +81,15 @@ pub enum PgClaim {
 
 /// Parses
 /// `postgres://USER@HOST:PORT/DB?table=PREFIX[&max_connections=N][&claim=function|transaction][&max_batch=N][&batches_in_flight=N]`.
-/// Every other parameter is left to the driver (`sslmode`, `application_name`,
-/// …). Without an `application_name`, connections are named
+/// The driver's own parameters ([`DRIVER_OPTIONS`]: `sslmode`,
+/// `application_name`, …) go on to it; any other is refused, naming it.
+/// Without an `application_name`, connections are named
 /// `anarchon/<prefix>`, so an operator can find them in `pg_stat_activity`.
 pub(in crate::store) fn parse_url(url: &str) -> Result<Backend> {
     // The URL itself is not repeated: it may hold a password.
     url::Url::parse(url)
         .map_err(|e| Error::invalid("backend", format!("not a valid postgres:// URL: {e}")))?;
-    let opts = split_options(url, OPTIONS, Passthrough::Any)?;
+    let opts = split_options(url, OPTIONS, DRIVER_OPTIONS)?;
     let mut table = DEFAULT_TABLE.to_owned();
     let mut max_connections = DEFAULT_MAX_CONNECTIONS;
     let mut claim = PgClaim::Function;
@@ -187,6 +213,28 @@ mod tests {
         ));
         let t = target("postgres://u@h/db?max_batch=1&batches_in_flight=16");
         assert_eq!((t.max_batch, t.batches_in_flight), (1, 16));
+        // A misspelt option is refused, whether ours or the driver's: the
+        // driver would only log it.
+        for bad in ["max_bach=8", "sslmod=require", "tabel=x"] {
+            let e = parse_url(&format!("postgres://u@h/db?{bad}")).unwrap_err();
+            let key = bad.split('=').next().unwrap_or_default();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidArgument {
+                        field: "backend",
+                        ..
+                    }
+                ) && e.to_string().contains(&format!("{key:?}")),
+                "{bad}: {e}"
+            );
+        }
+        let t = target("postgres://u@h/db?sslmode=require&options[search_path]=s&port=5433");
+        assert_eq!(
+            t.url,
+            "postgres://u@h/db?sslmode=require&options[search_path]=s&port=5433\
+             &application_name=anarchon%2Fanarchon"
+        );
         for (bad, field) in [
             ("max_batch=0", "max_batch"),
             ("max_batch=65", "max_batch"),

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use ::redis::cluster::ClusterClient;
 use ::redis::{RedisError, Value};
 
-use super::backend_url::{redact, split_options, Passthrough};
+use super::backend_url::{redact, split_options};
 use super::{DynStore, StoreOptions};
 use crate::claim::{host_now_ms, Holder, Job};
 use crate::error::{Error, Result};
@@ -178,7 +178,7 @@ impl RedisConfig {
     /// Parses and checks a `redis://` or `redis+cluster://` URL without connecting.
     pub fn parse(url: &str) -> Result<RedisConfig> {
         let bad = |m: String| Error::invalid("backend", m);
-        let opts = split_options(url, OPTIONS, Passthrough::Only(&[]))?;
+        let opts = split_options(url, OPTIONS, &[])?;
         let (scheme, base) = opts
             .base
             .split_once("://")

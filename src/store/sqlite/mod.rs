@@ -25,7 +25,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::backend_url::{count, split_options, Passthrough};
+use super::backend_url::{count, split_options};
 use super::sql::{self, run_from_row, RUN_COLUMNS};
 use super::{Backend, Leases, Store, StoreInfo, StoreOptions};
 use crate::claim::*;
@@ -37,7 +37,7 @@ use writer::{now, Phase, Writer};
 /// default [`MAX_BATCH`]) bounds the writes of one group commit; 1 commits
 /// every write on its own. Any other option is refused by name.
 pub(super) fn parse_url(url: &str) -> Result<Backend> {
-    let opts = split_options(url, &["max_batch"], Passthrough::Only(&[]))?;
+    let opts = split_options(url, &["max_batch"], &[])?;
     opts.each_once()?;
     let path = opts.base.strip_prefix("sqlite://").unwrap_or_default();
     if path.is_empty() {
