@@ -37,7 +37,7 @@ fn bad_config_exits_64_naming_the_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("lease_ms"));
 
     // A misspelt PostgreSQL option is refused before anything connects: the
-    // driver would only log it (`sslmod=require` would connect without TLS).
+    // driver would only log it (`sslmod=require` would not require TLS).
     for (url, name) in [
         ("postgres://u@127.0.0.1:1/db?sslmod=require", "\"sslmod\""),
         ("postgres://u@127.0.0.1:1/db?max_bach=4", "\"max_bach\""),

@@ -15,7 +15,7 @@ const OPTIONS: &[&str] = &[
 
 /// The query options the driver (sqlx 0.8) reads; any other is refused, since
 /// the driver would only log it and connect without it (`sslmod=require`
-/// would connect without TLS). `options[` admits `options[search_path]=…`.
+/// would connect without requiring TLS). `options[` admits `options[search_path]=…`.
 const DRIVER_OPTIONS: &[&str] = &[
     "sslmode",
     "ssl-mode",
