@@ -27,7 +27,9 @@
 //! `migrations/postgres/0008_claim_lock_first.sql`): in a stream of new
 //! slots the read before the lock answers nothing. One claim that did not
 //! win turns the read back on for the next call. Either way the decision is
-//! the one taken under the job's lock.
+//! the one taken under the job's lock. There, a claim that is not late and
+//! makes no overlap check writes its run first and is decided `insert` if
+//! the row was missing (`0009_claim_insert_first.sql`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -50,6 +50,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "claim_lock_first",
         include_str!("../../../migrations/postgres/0008_claim_lock_first.sql"),
     ),
+    (
+        9,
+        "claim_insert_first",
+        include_str!("../../../migrations/postgres/0009_claim_insert_first.sql"),
+    ),
 ];
 
 /// The advisory lock key that serialises the migrations of one prefix.
