@@ -43,17 +43,22 @@ for p in pgb_old pgb_new; do
   psql -q -v ON_ERROR_STOP=1 -f "$tmp/$p.sql" >/dev/null
 done
 
+repeat() { # N V: V, N times, comma-separated
+  local out="" i
+  for ((i = 0; i < $1; i++)); do out+="${out:+,}$2"; done
+  echo "$out"
+}
+
 script() { # PREFIX N: one call of PREFIX_claim_batch with N claims of new slots
-  local n=$2 k jobs="" slots="" sets="" ones
+  local n=$2 k jobs="" slots="" sets=""
   for ((k = 0; k < n; k++)); do
     sets+="\\set s$k random(1, 9000000000000000)"$'\n'
     jobs+="${jobs:+,}'j'||:client_id||'-$k'"
     slots+="${slots:+,}:s$k"
   done
-  ones() { local v=$1 out="" i; for ((i = 0; i < n; i++)); do out+="${out:+,}$v"; done; echo "$out"; }
   printf '%sSELECT count(*) FROM %s_claim_batch(array[%s], array[%s]::bigint[], array[%s]::text[], '"'node'"', 1, array[%s]::bigint[], array[%s]::bigint[], array[%s]::boolean[], array[%s]::bigint[], '"'{}'"'::text[], '"'{}'"'::bigint[], '"'{}'"'::text[], '"'{}'"'::bigint[], true);\n' \
-    "$sets" "$1" "$jobs" "$slots" "$(ones "'tok'")" "$(ones 60000)" "$(ones 9000000000000000000)" \
-    "$(ones false)" "$(ones 3)"
+    "$sets" "$1" "$jobs" "$slots" "$(repeat "$n" "'tok'")" "$(repeat "$n" 60000)" \
+    "$(repeat "$n" 9000000000000000000)" "$(repeat "$n" false)" "$(repeat "$n" 3)"
 }
 
 pg_ticks() { # CPU ticks of every postgres process, with the reaped children

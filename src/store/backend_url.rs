@@ -78,7 +78,7 @@ pub fn split_options(url: &str, own: &[&str], passthrough: &[&str]) -> Result<Ur
     Ok(out)
 }
 
-/// `key` is one of `known`, or begins with one of them that ends in `[`.
+/// `key` is one of `known`, or `STEM[…]` where `STEM[` is one of them.
 fn known_key(known: &[&str], key: &str) -> bool {
     known
         .iter()
