@@ -21,6 +21,9 @@ use crate::claim::Overlap;
 /// Exit status for a bad configuration (EX_USAGE / EX_CONFIG family).
 pub const EXIT_CONFIG: i32 = 64;
 
+/// The most worker threads `worker_threads` may ask for.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
 /// A configuration problem, naming the key.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid config key `{key}`: {message}")]
@@ -128,6 +131,10 @@ config_keys! {
     retention_ms: u64 = 7 * 24 * 3_600_000, flag Option<u64>, "N";
     /// SQLite: how long a writer waits for the lock.
     busy_timeout_ms: u64 = 5_000, flag Option<u64>, "N";
+    /// Worker threads of the async runtime (0: one per core this process may
+    /// use, as its CPU quota allows). The SQLite writer and the blocking pool
+    /// are extra threads.
+    worker_threads: usize = 1, flag Option<usize>, "N";
     /// How long SIGTERM waits for in-flight requests.
     drain_ms: u64 = 5_000, flag Option<u64>, "N";
     /// Log format: plain or json.
@@ -362,6 +369,12 @@ impl Config {
         if self.max_attempts == 0 {
             return Err(err("max_attempts", "must be at least 1"));
         }
+        if self.worker_threads > MAX_WORKER_THREADS {
+            return Err(err(
+                "worker_threads",
+                format!("must be at most {MAX_WORKER_THREADS} (0: one per core)"),
+            ));
+        }
         if self.max_runtimes == 0 {
             return Err(err("max_runtimes", "must be at least 1"));
         }
@@ -471,6 +484,20 @@ mod tests {
         c.validate().unwrap();
         assert!(c.backend_url().starts_with("sqlite://"));
         assert_eq!(c.listen.to_string(), "127.0.0.1:50051");
+    }
+
+    #[test]
+    fn worker_threads_is_bounded_and_named() {
+        for n in [0, 1, MAX_WORKER_THREADS] {
+            let c = Config::load(None, flags(json!({ "worker_threads": n }))).unwrap();
+            assert_eq!(c.worker_threads, n);
+        }
+        let e = Config::load(
+            None,
+            flags(json!({ "worker_threads": MAX_WORKER_THREADS + 1 })),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("worker_threads"), "{e}");
     }
 
     #[test]

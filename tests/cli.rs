@@ -28,6 +28,10 @@ fn bad_config_exits_64_naming_the_key() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("bogus_key"));
 
+    let out = anarchon(&["check", "--worker-threads", "5000"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("worker_threads"));
+
     let out = Command::new(BIN)
         .args(["serve"])
         .env("ANARCHON_LEASE_MS", "0")
@@ -292,6 +296,22 @@ fn ready_file_reports_ports_that_answer() {
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `worker_threads` sizes the runtime `serve` runs on: `/metrics` reports the
+/// workers the runtime has, by default (one) and with the flag.
+#[test]
+fn serve_runs_on_the_configured_worker_threads() {
+    for (flags, n) in [(&[][..], 1), (&["--worker-threads", "3"][..], 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let sidecar = Sidecar::start(dir.path(), flags);
+        let metrics = common::process::http_get_blocking(sidecar.admin, "/metrics");
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("anarchon_runtime_workers "))
+            .unwrap_or_else(|| panic!("no anarchon_runtime_workers in {metrics}"));
+        assert_eq!(line, format!("anarchon_runtime_workers {n}"), "{flags:?}");
+    }
 }
 
 /// Two `serve` processes on one data dir would be two processes of one node

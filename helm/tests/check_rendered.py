@@ -25,7 +25,7 @@ KNOWN_KEYS = {
     "max_runtimes", "max_frame_bytes", "watch_buffer", "tls_cert", "tls_key",
     "tls_client_ca", "mesh_secret_file", "auth_token_file",
     "max_request_bytes", "max_concurrent_per_connection",
-    "max_holds_per_client", "max_links_per_peer",
+    "max_holds_per_client", "max_links_per_peer", "worker_threads",
 }
 
 results = []

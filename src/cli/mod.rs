@@ -152,28 +152,41 @@ pub fn parse() -> Cli {
 }
 
 pub fn main(cli: Cli) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("anarchon: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     match cli.command {
-        Command::Serve(args) => serve::serve(&rt, *args),
-        Command::Claim(a) => rt.block_on(client::claim(a)),
-        Command::Renew(a) => rt.block_on(client::renew(a)),
-        Command::Release(a) => rt.block_on(client::release(a)),
-        Command::History(a) => rt.block_on(client::history(a)),
-        Command::Hold(a) => rt.block_on(hold::hold(a)),
-        Command::Cron(a) => rt.block_on(cron::cron(a)),
-        Command::Peers(a) => rt.block_on(client::peers(a)),
-        Command::Watch(a) => rt.block_on(client::watch(a)),
-        Command::Check(args) => serve::check(&rt, *args),
+        // These two build their runtime after loading the config, which says
+        // how many worker threads it has.
+        Command::Serve(args) => serve::serve(*args),
+        Command::Check(args) => serve::check(*args),
+        Command::Claim(a) => block_on(client::claim(a)),
+        Command::Renew(a) => block_on(client::renew(a)),
+        Command::Release(a) => block_on(client::release(a)),
+        Command::History(a) => block_on(client::history(a)),
+        Command::Hold(a) => block_on(hold::hold(a)),
+        Command::Cron(a) => block_on(cron::cron(a)),
+        Command::Peers(a) => block_on(client::peers(a)),
+        Command::Watch(a) => block_on(client::watch(a)),
         #[cfg(feature = "bench")]
-        Command::Bench(a) => rt.block_on(bench::bench(a)),
+        Command::Bench(a) => block_on(bench::bench(a)),
     }
+}
+
+/// Runs a client subcommand on a runtime of Tokio's default size.
+fn block_on(command: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match runtime(0) {
+        Ok(rt) => rt.block_on(command),
+        Err(status) => status,
+    }
+}
+
+/// The Tokio runtime: `workers` worker threads, or with 0 Tokio's default
+/// (`TOKIO_WORKER_THREADS`, else one per core this process may use).
+fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        b.worker_threads(workers);
+    }
+    b.enable_all().build().map_err(|e| {
+        eprintln!("anarchon: cannot start the runtime: {e}");
+        ExitCode::FAILURE
+    })
 }

@@ -38,9 +38,13 @@ impl ServeArgs {
     }
 }
 
-pub fn serve(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
+pub fn serve(args: ServeArgs) -> ExitCode {
     let cfg = match args.load() {
         Ok(c) => c,
+        Err(status) => return status,
+    };
+    let rt = match super::runtime(cfg.worker_threads) {
+        Ok(rt) => rt,
         Err(status) => return status,
     };
     crate::telemetry::init(cfg.log_format);
@@ -119,9 +123,13 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'stat
 /// `anarchon check`: validates the configuration exactly as `serve` would
 /// (same flags, env and file) and checks that the store is reachable and
 /// migrated. Exits 0 when ready, 64 for a bad config, 1 when the store fails.
-pub fn check(rt: &tokio::runtime::Runtime, args: ServeArgs) -> ExitCode {
+pub fn check(args: ServeArgs) -> ExitCode {
     let cfg = match args.load() {
         Ok(c) => c,
+        Err(status) => return status,
+    };
+    let rt = match super::runtime(cfg.worker_threads) {
+        Ok(rt) => rt,
         Err(status) => return status,
     };
     println!("config ok");

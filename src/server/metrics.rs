@@ -58,6 +58,7 @@ pub struct Metrics {
     pub beats: Counter,
     pub refused: Family<ReasonLabels, Counter>,
     pub duplicate_node_key: Gauge,
+    pub runtime_workers: Gauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -118,9 +119,16 @@ impl Default for Metrics {
             "1 when another live process runs with this sidecar's node key",
             duplicate_node_key.clone(),
         );
+        let runtime_workers = Gauge::default();
+        r.register(
+            "runtime_workers",
+            "Worker threads of the sidecar's async runtime (worker_threads)",
+            runtime_workers.clone(),
+        );
         Metrics {
             registry: Mutex::new(r),
             duplicate_node_key,
+            runtime_workers,
             peers,
             links,
             beats,

@@ -171,6 +171,10 @@ pub async fn run(
     let metrics = Arc::new(metrics::Metrics::default());
     let runs = Arc::new(runs::RunFeed::default());
     metrics.store_up.set(1);
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    metrics
+        .runtime_workers
+        .set(i64::try_from(workers).unwrap_or(i64::MAX));
     let state = Arc::new(ClaimsState {
         store: store.clone(),
         defaults: validate::ClaimDefaults::from_config(&cfg),
