@@ -26,25 +26,23 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The layered, validated config (defaults, file, environment, flags).
-    /// On a bad config: says which key and why, and gives the exit status
-    /// (64).
-    fn load(&self) -> Result<Config, ExitCode> {
+    /// The layered, validated config (defaults, file, environment, flags)
+    /// and the runtime it sizes (`worker_threads`). On a bad config: says
+    /// which key and why, and gives the exit status (64).
+    fn load(&self) -> Result<(Config, tokio::runtime::Runtime), ExitCode> {
         let load = || Config::load(self.config.as_deref(), self.keys.overrides()?);
-        load().map_err(|e: ConfigError| {
+        let cfg = load().map_err(|e: ConfigError| {
             eprintln!("anarchon: {e}");
             ExitCode::from(EXIT_CONFIG as u8)
-        })
+        })?;
+        let rt = super::runtime(cfg.worker_threads)?;
+        Ok((cfg, rt))
     }
 }
 
 pub fn serve(args: ServeArgs) -> ExitCode {
-    let cfg = match args.load() {
-        Ok(c) => c,
-        Err(status) => return status,
-    };
-    let rt = match super::runtime(cfg.worker_threads) {
-        Ok(rt) => rt,
+    let (cfg, rt) = match args.load() {
+        Ok(loaded) => loaded,
         Err(status) => return status,
     };
     crate::telemetry::init(cfg.log_format);
@@ -124,12 +122,8 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'stat
 /// (same flags, env and file) and checks that the store is reachable and
 /// migrated. Exits 0 when ready, 64 for a bad config, 1 when the store fails.
 pub fn check(args: ServeArgs) -> ExitCode {
-    let cfg = match args.load() {
-        Ok(c) => c,
-        Err(status) => return status,
-    };
-    let rt = match super::runtime(cfg.worker_threads) {
-        Ok(rt) => rt,
+    let (cfg, rt) = match args.load() {
+        Ok(loaded) => loaded,
         Err(status) => return status,
     };
     println!("config ok");
