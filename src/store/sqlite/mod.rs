@@ -14,6 +14,7 @@
 //! live leases and resends; only a missing run or a lapsed lease enters the
 //! write transaction, which reads and decides again under the lock.
 
+mod flush;
 mod writer;
 
 use std::path::Path;
@@ -378,9 +379,10 @@ mod tests {
     }
 
     fn meta_write(
-        key: &'static str,
+        key: impl Into<String>,
         fail: bool,
     ) -> impl FnMut(&mut writer::Access<'_>, Phase) -> Result<Option<()>> + Send {
+        let key = key.into();
         move |a, phase| match phase {
             Phase::Read => Ok(None),
             Phase::Locked { .. } => {
@@ -584,6 +586,36 @@ mod tests {
         assert!(
             wal <= 24 << 20,
             "the WAL grew to {wal} bytes for 102 MB written: it did not start over"
+        );
+    }
+
+    /// The flusher syncs the WAL after commits ([`flush`]), and only after
+    /// them: a store that has committed nothing has synced nothing, and a
+    /// burst of commits is synced at least once, never more often than it
+    /// committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commits_are_synced_to_disk_in_the_background() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        assert_eq!(s.writer.flushes(), 0, "synced before any commit");
+        for w in 0..50 {
+            s.writer
+                .run(meta_write(format!("k{w}"), false))
+                .await
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while s.writer.flushes() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "50 commits, and no sync of the WAL in 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (flushes, commits) = (s.writer.flushes(), s.writer.commits());
+        assert!(
+            flushes <= commits,
+            "{flushes} syncs for {commits} commits: the flusher syncs only after a commit"
         );
     }
 

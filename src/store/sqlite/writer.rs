@@ -17,7 +17,10 @@
 //!    turn, under SQLite's database write lock, with the same flow as a lone
 //!    operation ([`sql::claim_locked`], [`sql::renew_locked`],
 //!    [`sql::release_locked`]): read again, decide, write;
-//! 3. commits once, and only then replies.
+//! 3. commits once, and only then replies. The commit does not sync the
+//!    WAL; the flusher thread ([`flush`]) does, in the background, so that
+//!    the checkpoint a commit runs every [`AUTOCHECKPOINT_PAGES`] finds
+//!    little left to sync.
 //!
 //! The operations of a batch run one after another; should one fail, the
 //! batch runs again with each operation in its own `SAVEPOINT`: one
@@ -48,6 +51,7 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::sql::{self, RunAccess, RUN_COLUMNS};
+use super::flush;
 use crate::claim::*;
 use crate::error::{Error, Result};
 
@@ -74,6 +78,9 @@ pub(super) struct Writer {
     /// the tests that check batching.
     #[cfg_attr(not(test), allow(dead_code))]
     commits: Arc<AtomicU64>,
+    /// Syncs of the WAL by the flusher so far ([`flush`]); read by its test.
+    #[cfg_attr(not(test), allow(dead_code))]
+    flushes: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -86,17 +93,31 @@ impl Writer {
         let (tx, rx) = mpsc::channel(QUEUE);
         let commits = Arc::new(AtomicU64::new(0));
         let counted = commits.clone();
+        let flushes = Arc::new(AtomicU64::new(0));
+        let cannot =
+            |e: std::io::Error| Error::Store(format!("cannot start the sqlite writer: {e}"));
+        let nudge = flush::start(format!("{path}-wal"), flushes.clone()).map_err(cannot)?;
         std::thread::Builder::new()
             .name("anarchon-sqlite-writer".into())
-            .spawn(move || serve(conn, rx, max_batch.clamp(1, MAX_BATCH), &counted))
-            .map_err(|e| Error::Store(format!("cannot start the sqlite writer: {e}")))?;
-        Ok(Writer { ops: tx, commits })
+            .spawn(move || serve(conn, rx, max_batch.clamp(1, MAX_BATCH), &counted, &nudge))
+            .map_err(cannot)?;
+        Ok(Writer {
+            ops: tx,
+            commits,
+            flushes,
+        })
     }
 
     /// Transactions committed so far.
     #[cfg(test)]
     pub(super) fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Syncs of the WAL by the flusher so far.
+    #[cfg(test)]
+    pub(super) fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
     }
 
     /// Runs `op` on the writer thread: first in [`Phase::Read`], then, if
@@ -216,6 +237,7 @@ fn serve(
     mut rx: mpsc::Receiver<Box<dyn Step>>,
     max_batch: usize,
     commits: &AtomicU64,
+    nudge: &flush::Nudge,
 ) {
     let mut batch: Vec<Box<dyn Step>> = Vec::with_capacity(max_batch);
     let mut read_first = true;
@@ -241,7 +263,7 @@ fn serve(
             }
         }
         if !batch.is_empty() {
-            settled += commit_batch(&mut conn, &mut batch, commits);
+            settled += commit_batch(&mut conn, &mut batch, commits, nudge);
         }
         read_first = settled > 0;
         batch.clear();
@@ -257,6 +279,7 @@ fn commit_batch(
     conn: &mut Connection,
     batch: &mut Vec<Box<dyn Step>>,
     commits: &AtomicU64,
+    nudge: &flush::Nudge,
 ) -> usize {
     let mut a = Access { conn };
     let mut idle = 0;
@@ -278,6 +301,7 @@ fn commit_batch(
     };
     if end.is_ok() {
         commits.fetch_add(1, Ordering::Relaxed);
+        nudge.commit();
     }
     let end = end.as_ref().map(|_| ()).map_err(String::as_str);
     if end.is_err() {
