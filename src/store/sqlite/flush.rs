@@ -33,7 +33,7 @@ use std::time::Duration;
 /// The shortest time between two syncs of the WAL. 2, 5, 10 and 25 ms were
 /// measured (round 14): 10 ms already took the p99 from 41 to 9 ms; 5 ms
 /// carried about as many claims as 2 ms with half the syncs.
-pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(5);
+const FLUSH_EVERY: Duration = Duration::from_millis(5);
 
 /// The writer's side: nudges the flusher after a commit.
 pub(super) struct Nudge(SyncSender<()>);
