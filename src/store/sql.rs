@@ -28,16 +28,26 @@ pub(super) const RUN_COLUMNS: &str = "slot_ms, state, attempt, fencing, token, h
 ///
 /// It also records the lease the run was claimed with (`lease_ms`, see
 /// [`renew_lease`]): a win writes `lease_until_ms = claimed_at_ms + lease`.
-pub(super) fn upsert_run_sql(runs: &str) -> String {
+/// `extra` is one more column a store writes with every run, and the SQL
+/// expression of its value (SQLite's `watch`).
+pub(super) fn upsert_run_sql(runs: &str, extra: Option<(&str, &str)>) -> String {
+    let (col, val, set) = match extra {
+        Some((c, v)) => (
+            format!(", {c}"),
+            format!(", {v}"),
+            format!(", {c} = excluded.{c}"),
+        ),
+        None => Default::default(),
+    };
     format!(
-        "INSERT INTO {runs} (job, {RUN_COLUMNS}, lease_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $9 - $10)
+        "INSERT INTO {runs} (job, {RUN_COLUMNS}, lease_ms{col})
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $9 - $10{val})
          ON CONFLICT (job, slot_ms) DO UPDATE SET
            state = excluded.state, attempt = excluded.attempt, fencing = excluded.fencing,
            token = excluded.token, holder_node = excluded.holder_node,
            holder_instance = excluded.holder_instance, lease_until_ms = excluded.lease_until_ms,
            claimed_at_ms = excluded.claimed_at_ms, finished_at_ms = excluded.finished_at_ms,
-           lease_ms = excluded.lease_ms"
+           lease_ms = excluded.lease_ms{set}"
     )
 }
 

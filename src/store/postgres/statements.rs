@@ -107,7 +107,7 @@ impl Statements {
             ),
             write_run: format!(
                 "WITH fence AS (UPDATE {jobs} SET fence = $12 WHERE job = $1 AND fence < $12) {}",
-                sql::upsert_run_sql(&runs)
+                sql::upsert_run_sql(&runs, None)
             ),
             // $3 the clock, $4 the lease asked for (0 = the run's own, see
             // sql::RENEW_LEASE).

@@ -278,22 +278,41 @@ impl Leases for SqliteStore {
     }
 
     async fn end_leases_of(&self, holder: &Holder) -> Result<u64> {
+        // No index carries the holder (migration 0006): the runs it holds
+        // are found with a plain read on the pool, beside the writer, so
+        // that the scan holds up no claim; the writer then ends each one
+        // that is still running under this holder with a current lease. A
+        // run the holder wins after the read keeps its lease, which runs out
+        // as usual (and the holder has left the mesh by now, so peers take
+        // its runs over as a dead holder's).
+        let held: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT job, slot_ms FROM runs
+             WHERE state = 'RUNNING' AND holder_node = ?1 AND holder_instance = ?2",
+        )
+        .bind(holder.node.as_str())
+        .bind(holder.instance as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(convert)?;
+        if held.is_empty() {
+            return Ok(0);
+        }
         let holder = holder.clone();
         self.writer
             .run(move |a, phase| match phase {
                 Phase::Read => Ok(None),
-                Phase::Locked { now } => a
-                    .execute(
-                        // The running runs' index carries the holder: one
-                        // pass over it, no b-tree of the holder's own
-                        // (migration 0005).
-                        "UPDATE runs SET lease_until_ms = ?1 WHERE (job, slot_ms) IN (
-                           SELECT job, slot_ms FROM runs INDEXED BY runs_running_by
-                           WHERE state = 'RUNNING' AND holder_node = ?2 AND holder_instance = ?3)
-                         AND lease_until_ms > ?1",
-                        params![now, holder.node, holder.instance as i64],
-                    )
-                    .map(Some),
+                Phase::Locked { now } => {
+                    let mut ended = 0;
+                    for (job, slot) in &held {
+                        ended += a.execute(
+                            "UPDATE runs SET lease_until_ms = ?1
+                             WHERE job = ?2 AND slot_ms = ?3 AND state = 'RUNNING'
+                               AND holder_node = ?4 AND holder_instance = ?5 AND lease_until_ms > ?1",
+                            params![now, job, slot, holder.node, holder.instance as i64],
+                        )?;
+                    }
+                    Ok(Some(ended))
+                }
             })
             .await
     }
@@ -501,6 +520,272 @@ mod tests {
         for key in ["w1", "w2", "w3", "w4"] {
             assert!(has_key(&s, key).await, "{key}");
         }
+    }
+
+    fn claim_spec(job: &Job, slot_ms: i64, node: &str, overlap: Overlap) -> ClaimSpec {
+        ClaimSpec {
+            job: job.clone(),
+            slot_ms,
+            token: Token::generate(),
+            holder: Holder {
+                node: node.into(),
+                instance: 1,
+            },
+            lease_ms: 60_000,
+            max_late_ms: 60_000,
+            overlap,
+            max_attempts: 3,
+        }
+    }
+
+    /// (jobs.watch, the run's watch) as stored, for migration 0006.
+    async fn watch_of(s: &SqliteStore, job: &Job, slot_ms: i64) -> (Option<i64>, Option<i64>) {
+        let job_flag = sqlx::query_scalar("SELECT watch FROM jobs WHERE job = ?")
+            .bind(job.as_str())
+            .fetch_optional(&s.pool)
+            .await
+            .unwrap();
+        let run_flag = sqlx::query_scalar("SELECT watch FROM runs WHERE job = ? AND slot_ms = ?")
+            .bind(job.as_str())
+            .bind(slot_ms)
+            .fetch_optional(&s.pool)
+            .await
+            .unwrap();
+        (job_flag, run_flag)
+    }
+
+    /// Runs one claim flow in the phase asked for, on the writer thread: the
+    /// plain read before the lock (`locked` false; `None` when it does not
+    /// settle the claim) or the decision under it.
+    async fn claim_in(s: &SqliteStore, spec: &ClaimSpec, locked: bool) -> Option<ClaimAnswer> {
+        // An operation that writes nothing turns the plain reads back on
+        // for the next batch.
+        s.writer.run(|_, _| Ok(Some(()))).await.unwrap();
+        let spec = spec.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut tx = Some(tx);
+        s.writer
+            .run(move |a, phase| {
+                let got = match phase {
+                    Phase::Read if locked => return Ok(None),
+                    Phase::Read => {
+                        let run = a.read_run(&spec.job, spec.slot_ms)?;
+                        now(sql::answer_without_write(
+                            a,
+                            &spec,
+                            &DeadHolders::default(),
+                            host_now_ms(),
+                            run.as_ref(),
+                        ))?
+                    }
+                    Phase::Locked { .. } if !locked => panic!("the plain read was skipped"),
+                    Phase::Locked { now: now_ms } => Some(now(sql::claim_locked(
+                        a,
+                        &spec,
+                        &DeadHolders::default(),
+                        now_ms,
+                    ))?),
+                };
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(got);
+                }
+                Ok(Some(()))
+            })
+            .await
+            .unwrap();
+        rx.await.unwrap()
+    }
+
+    /// Migration 0006: a job's running runs are indexed only once a SKIP
+    /// claim has asked about the job, and a SKIP claim sees every running
+    /// run of the job either way: through the primary key in the plain read
+    /// before the lock, through the index under it, after marking them.
+    #[tokio::test]
+    async fn a_skip_claim_sees_runs_won_before_the_job_was_watched() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        let job = Job::parse("watched-later").unwrap();
+        let t = host_now_ms();
+        let won = s
+            .claim(
+                &claim_spec(&job, t - 1_000, "a", Overlap::Allow),
+                &DeadHolders::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(won.outcome, Outcome::Won, "{won:?}");
+        assert_eq!(
+            watch_of(&s, &job, t - 1_000).await,
+            (Some(0), Some(0)),
+            "an ALLOW job is not watched, its run not indexed"
+        );
+        let skip = claim_spec(&job, t, "b", Overlap::Skip);
+        // The plain read: the job is not watched, its runs are read by key.
+        let read = claim_in(&s, &skip, false)
+            .await
+            .expect("the read settles it");
+        assert_eq!(read.outcome, Outcome::Overlap, "{read:?}");
+        assert_eq!(watch_of(&s, &job, t - 1_000).await, (Some(0), Some(0)));
+        // Under the lock: the job becomes watched, its running run marked.
+        let locked = claim_in(&s, &skip, true).await.expect("decided");
+        assert_eq!(locked.outcome, Outcome::Overlap, "{locked:?}");
+        assert_eq!(watch_of(&s, &job, t - 1_000).await, (Some(1), Some(1)));
+        // Runs won from then on are indexed, and seen through the index.
+        let later = s
+            .claim(
+                &claim_spec(&job, t + 1_000, "c", Overlap::Allow),
+                &DeadHolders::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(later.outcome, Outcome::Won, "{later:?}");
+        assert_eq!(watch_of(&s, &job, t + 1_000).await, (Some(1), Some(1)));
+        let mut dead = DeadHolders::default();
+        dead.mark_dead(Holder {
+            node: "a".into(),
+            instance: 1,
+        });
+        let mut skip2 = claim_spec(&job, t + 2_000, "d", Overlap::Skip);
+        let o = s.claim(&skip2, &dead).await.unwrap();
+        assert_eq!(
+            o.outcome,
+            Outcome::Overlap,
+            "c's run, found by the index: {o:?}"
+        );
+        dead.mark_dead(Holder {
+            node: "c".into(),
+            instance: 1,
+        });
+        skip2.token = Token::generate();
+        let w = s.claim(&skip2, &dead).await.unwrap();
+        assert_eq!(w.outcome, Outcome::Won, "{w:?}");
+        // A SKIP claim on a job with no row yet makes it watched with fence
+        // 0, and its first win still draws fencing 1.
+        let fresh = Job::parse("watched-first").unwrap();
+        let first = s
+            .claim(
+                &claim_spec(&fresh, t, "a", Overlap::Skip),
+                &DeadHolders::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (first.outcome, first.fencing),
+            (Outcome::Won, 1),
+            "{first:?}"
+        );
+        assert_eq!(watch_of(&s, &fresh, t).await, (Some(1), Some(1)));
+    }
+
+    /// A file migrated before 0006 keeps its running runs visible to SKIP
+    /// claims: its jobs start unwatched, its runs marked by the default.
+    #[tokio::test]
+    async fn runs_written_before_the_watch_flag_stay_seen_by_skip_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        let job = Job::parse("from-before").unwrap();
+        let t = host_now_ms();
+        {
+            // The schema up to migration 0005, and a run an earlier sidecar won.
+            let connect = SqliteConnectOptions::from_str("sqlite://")
+                .unwrap()
+                .filename(&path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(connect)
+                .await
+                .unwrap();
+            let mut m = sqlx::migrate!("./migrations/sqlite");
+            let before: Vec<_> = m
+                .migrations
+                .iter()
+                .filter(|m| m.version < 6)
+                .cloned()
+                .collect();
+            assert_eq!(before.len(), 5);
+            m.migrations = before.into();
+            m.run(&pool).await.unwrap();
+            sqlx::query("INSERT INTO jobs (job, fence) VALUES (?, 1)")
+                .bind(job.as_str())
+                .execute(&pool)
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO runs (job, slot_ms, state, attempt, fencing, token, holder_node,
+                   holder_instance, lease_until_ms, claimed_at_ms)
+                 VALUES (?, ?, 'RUNNING', 1, 1, ?, 'old', 1, ?, ?)",
+            )
+            .bind(job.as_str())
+            .bind(t - 1_000)
+            .bind(Token::generate().as_str())
+            .bind(t + 60_000)
+            .bind(t - 1_000)
+            .execute(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+        }
+        let s = store(&dir).await;
+        assert_eq!(watch_of(&s, &job, t - 1_000).await, (Some(0), Some(1)));
+        let skip = claim_spec(&job, t, "b", Overlap::Skip);
+        let read = claim_in(&s, &skip, false)
+            .await
+            .expect("the read settles it");
+        assert_eq!(read.outcome, Outcome::Overlap, "{read:?}");
+        let locked = claim_in(&s, &skip, true).await.expect("decided");
+        assert_eq!(locked.outcome, Outcome::Overlap, "{locked:?}");
+        assert_eq!(watch_of(&s, &job, t - 1_000).await, (Some(1), Some(1)));
+    }
+
+    /// A leaving holder's runs are found without an index and ended; other
+    /// holders' runs keep their leases.
+    #[tokio::test]
+    async fn a_leaving_holder_ends_its_runs_without_an_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        let t = host_now_ms();
+        let (j1, j2) = (
+            Job::parse("leave-1").unwrap(),
+            Job::parse("leave-2").unwrap(),
+        );
+        for (job, slot, node) in [(&j1, t, "gone"), (&j2, t, "gone"), (&j2, t + 1, "stays")] {
+            let a = s
+                .claim(
+                    &claim_spec(job, slot, node, Overlap::Allow),
+                    &DeadHolders::default(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(a.outcome, Outcome::Won, "{a:?}");
+        }
+        let gone = Holder {
+            node: "gone".into(),
+            instance: 1,
+        };
+        assert_eq!(s.end_leases_of(&gone).await.unwrap(), 2);
+        assert_eq!(s.end_leases_of(&gone).await.unwrap(), 0, "already ended");
+        let taken = s
+            .claim(
+                &claim_spec(&j1, t, "new", Overlap::Allow),
+                &DeadHolders::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (taken.outcome, taken.attempt),
+            (Outcome::Won, 2),
+            "{taken:?}"
+        );
+        let kept = s
+            .claim(
+                &claim_spec(&j2, t + 1, "new", Overlap::Allow),
+                &DeadHolders::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(kept.outcome, Outcome::Running, "{kept:?}");
     }
 
     /// In one batch, an operation that fails after writing is answered with

@@ -253,7 +253,10 @@ fn serve(
         if read_first {
             // The plain reads of the batch share one read transaction (one
             // snapshot, one round of WAL read locks).
-            let mut a = Access { conn: &mut conn };
+            let mut a = Access {
+                conn: &mut conn,
+                locked: false,
+            };
             let snapshot = a.exec("BEGIN").is_ok();
             let queued = batch.len();
             batch.retain_mut(|op| !op.read(&mut a));
@@ -281,7 +284,7 @@ fn commit_batch(
     commits: &AtomicU64,
     nudge: &flush::Nudge,
 ) -> usize {
-    let mut a = Access { conn };
+    let mut a = Access { conn, locked: true };
     let mut idle = 0;
     let end = match a.exec("BEGIN IMMEDIATE") {
         Err(e) => Err(convert(e).to_string()),
@@ -400,6 +403,9 @@ pub(super) fn now<T>(flow: impl Future<Output = Result<T>>) -> Result<T> {
 /// The writer's connection, as the decision flows see it.
 pub(super) struct Access<'c> {
     conn: &'c mut Connection,
+    /// Inside the batch's `BEGIN IMMEDIATE` (it may write), or in the plain
+    /// read before it (it may not).
+    locked: bool,
 }
 
 const READ_RUN: &str = "SELECT slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms FROM runs WHERE job = ?1 AND slot_ms = ?2";
@@ -458,6 +464,33 @@ impl Access<'_> {
     }
 }
 
+/// The running runs of a watched job other than a slot, with a current
+/// lease, through the partial index (migration 0006); `INDEXED BY` because
+/// without statistics SQLite would walk the job's whole history by the
+/// primary key.
+const OTHERS_WATCHED: &str = "SELECT slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms FROM runs INDEXED BY runs_watched WHERE job = ?1 AND state = 'RUNNING' AND watch = 1 AND slot_ms <> ?2 AND lease_until_ms > ?3";
+/// The same for a job not (yet) watched: its runs by the primary key.
+const OTHERS_BY_KEY: &str = "SELECT slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms FROM runs WHERE job = ?1 AND state = 'RUNNING' AND slot_ms <> ?2 AND lease_until_ms > ?3";
+
+impl Access<'_> {
+    /// Makes `job` watched: its flag set (its row made, fence 0, if it has
+    /// none: the first win then draws 1, as before) and its running runs
+    /// marked for the index. Under the lock only.
+    fn watch(&mut self, job: &Job) -> Result<()> {
+        let job = job.as_str();
+        self.execute(
+            "INSERT INTO jobs (job, fence, watch) VALUES (?1, 0, 1)
+             ON CONFLICT (job) DO UPDATE SET watch = 1",
+            params![job],
+        )?;
+        self.execute(
+            "UPDATE runs SET watch = 1 WHERE job = ?1 AND state = 'RUNNING' AND watch <> 1",
+            params![job],
+        )?;
+        Ok(())
+    }
+}
+
 fn run_of(row: &rusqlite::Row<'_>) -> Result<RunRow> {
     let bad = |e: rusqlite::Error| Error::Store(format!("malformed run row: {e}"));
     sql::run_from_columns(
@@ -466,8 +499,19 @@ fn run_of(row: &rusqlite::Row<'_>) -> Result<RunRow> {
     )
 }
 
-static UPSERT_RUN: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| sql::upsert_run_sql("runs"));
+/// A run is written with its job's `watch` flag (migration 0006): indexed
+/// while running if the job is checked for overlap. A job without a row is
+/// taken as watched, the safe side (a won claim has drawn its fence, so its
+/// job has one).
+static UPSERT_RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    sql::upsert_run_sql(
+        "runs",
+        Some((
+            "watch",
+            "coalesce((SELECT watch FROM jobs WHERE job = $1), 1)",
+        )),
+    )
+});
 /// `$1` the clock, `$2` the lease asked for (0 = the run's own), `$3` job, `$4` slot.
 static RENEW: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
@@ -484,16 +528,33 @@ impl RunAccess for Access<'_> {
         self.read_run(job, slot)
     }
 
+    /// Through the index of watched jobs' running runs (migration 0006).
+    /// Under the lock, the first time a job is asked about, the job becomes
+    /// watched and its running runs are marked, in this transaction, so
+    /// that the index holds every running run of the job from then on. In
+    /// the plain read before the lock (which writes nothing), a job not yet
+    /// watched has its runs read by the primary key instead: its whole
+    /// history, once.
     async fn others(&mut self, job: &Job, slot: SlotMs, now: i64) -> Result<Vec<RunRow>> {
-        let mut stmt = self
+        let watched = self
             .conn
-            .prepare_cached(&format!(
-                // The running runs of the job, not all its runs: without
-                // statistics SQLite would walk the job's whole history by
-                // the primary key.
-                "SELECT {RUN_COLUMNS} FROM runs INDEXED BY runs_running_by WHERE job = ?1 AND state = 'RUNNING' AND slot_ms <> ?2 AND lease_until_ms > ?3"
-            ))
-            .map_err(convert)?;
+            .prepare_cached("SELECT watch FROM jobs WHERE job = ?1")
+            .and_then(|mut s| {
+                s.query_row(params![job.as_str()], |r| r.get::<_, i64>(0))
+                    .optional()
+            })
+            .map_err(convert)?
+            == Some(1);
+        let sql = if watched {
+            OTHERS_WATCHED
+        } else if self.locked {
+            self.watch(job)?;
+            OTHERS_WATCHED
+        } else {
+            OTHERS_BY_KEY
+        };
+        debug_assert!(OTHERS_WATCHED.contains(RUN_COLUMNS) && OTHERS_BY_KEY.contains(RUN_COLUMNS));
+        let mut stmt = self.conn.prepare_cached(sql).map_err(convert)?;
         let rows = stmt
             .query_map(params![job.as_str(), slot, now], |row| Ok(run_of(row)))
             .map_err(convert)?;
@@ -513,7 +574,11 @@ impl RunAccess for Access<'_> {
             params![job],
         )? == 0
         {
-            self.execute("INSERT INTO jobs (job, fence) VALUES (?1, 1)", params![job])?;
+            // Not watched until a claim asks about overlap (migration 0006).
+            self.execute(
+                "INSERT INTO jobs (job, fence, watch) VALUES (?1, 1, 0)",
+                params![job],
+            )?;
             return Ok(1);
         }
         let fence = self.scalar("SELECT fence FROM jobs WHERE job = ?1", params![job])?;
