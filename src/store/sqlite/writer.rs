@@ -464,13 +464,19 @@ impl Access<'_> {
     }
 }
 
-/// The running runs of a watched job other than a slot, with a current
-/// lease, through the partial index (migration 0006); `INDEXED BY` because
-/// without statistics SQLite would walk the job's whole history by the
-/// primary key.
-const OTHERS_WATCHED: &str = "SELECT slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms FROM runs INDEXED BY runs_watched WHERE job = ?1 AND state = 'RUNNING' AND watch = 1 AND slot_ms <> ?2 AND lease_until_ms > ?3";
-/// The same for a job not (yet) watched: its runs by the primary key.
-const OTHERS_BY_KEY: &str = "SELECT slot_ms, state, attempt, fencing, token, holder_node, holder_instance, lease_until_ms, claimed_at_ms, finished_at_ms FROM runs WHERE job = ?1 AND state = 'RUNNING' AND slot_ms <> ?2 AND lease_until_ms > ?3";
+/// The running runs of a job other than a slot, with a current lease, read
+/// `by` an index or the primary key; `INDEXED BY` because without statistics
+/// SQLite would walk the job's whole history by the primary key.
+fn others_sql(by: &str) -> String {
+    format!("SELECT {RUN_COLUMNS} FROM runs {by} AND slot_ms <> ?2 AND lease_until_ms > ?3")
+}
+/// For a watched job: through the partial index (migration 0006).
+static OTHERS_WATCHED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    others_sql("INDEXED BY runs_watched WHERE job = ?1 AND state = 'RUNNING' AND watch = 1")
+});
+/// For a job not (yet) watched: its runs by the primary key.
+static OTHERS_BY_KEY: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| others_sql("WHERE job = ?1 AND state = 'RUNNING'"));
 
 impl Access<'_> {
     /// Makes `job` watched: its flag set (its row made, fence 0, if it has
@@ -545,15 +551,14 @@ impl RunAccess for Access<'_> {
             })
             .map_err(convert)?
             == Some(1);
-        let sql = if watched {
-            OTHERS_WATCHED
+        let sql: &str = if watched {
+            &OTHERS_WATCHED
         } else if self.locked {
             self.watch(job)?;
-            OTHERS_WATCHED
+            &OTHERS_WATCHED
         } else {
-            OTHERS_BY_KEY
+            &OTHERS_BY_KEY
         };
-        debug_assert!(OTHERS_WATCHED.contains(RUN_COLUMNS) && OTHERS_BY_KEY.contains(RUN_COLUMNS));
         let mut stmt = self.conn.prepare_cached(sql).map_err(convert)?;
         let rows = stmt
             .query_map(params![job.as_str(), slot, now], |row| Ok(run_of(row)))
