@@ -538,6 +538,22 @@ mod tests {
         }
     }
 
+    /// A claim by `node` with no holder dead.
+    async fn claim_as(
+        s: &SqliteStore,
+        job: &Job,
+        slot_ms: i64,
+        node: &str,
+        overlap: Overlap,
+    ) -> ClaimAnswer {
+        s.claim(
+            &claim_spec(job, slot_ms, node, overlap),
+            &DeadHolders::default(),
+        )
+        .await
+        .unwrap()
+    }
+
     /// (jobs.watch, the run's watch) as stored, for migration 0006.
     async fn watch_of(s: &SqliteStore, job: &Job, slot_ms: i64) -> (Option<i64>, Option<i64>) {
         let job_flag = sqlx::query_scalar("SELECT watch FROM jobs WHERE job = ?")
@@ -606,13 +622,7 @@ mod tests {
         let s = store(&dir).await;
         let job = Job::parse("watched-later").unwrap();
         let t = host_now_ms();
-        let won = s
-            .claim(
-                &claim_spec(&job, t - 1_000, "a", Overlap::Allow),
-                &DeadHolders::default(),
-            )
-            .await
-            .unwrap();
+        let won = claim_as(&s, &job, t - 1_000, "a", Overlap::Allow).await;
         assert_eq!(won.outcome, Outcome::Won, "{won:?}");
         assert_eq!(
             watch_of(&s, &job, t - 1_000).await,
@@ -631,13 +641,7 @@ mod tests {
         assert_eq!(locked.outcome, Outcome::Overlap, "{locked:?}");
         assert_eq!(watch_of(&s, &job, t - 1_000).await, (Some(1), Some(1)));
         // Runs won from then on are indexed, and seen through the index.
-        let later = s
-            .claim(
-                &claim_spec(&job, t + 1_000, "c", Overlap::Allow),
-                &DeadHolders::default(),
-            )
-            .await
-            .unwrap();
+        let later = claim_as(&s, &job, t + 1_000, "c", Overlap::Allow).await;
         assert_eq!(later.outcome, Outcome::Won, "{later:?}");
         assert_eq!(watch_of(&s, &job, t + 1_000).await, (Some(1), Some(1)));
         let mut dead = DeadHolders::default();
@@ -662,13 +666,7 @@ mod tests {
         // A SKIP claim on a job with no row yet makes it watched with fence
         // 0, and its first win still draws fencing 1.
         let fresh = Job::parse("watched-first").unwrap();
-        let first = s
-            .claim(
-                &claim_spec(&fresh, t, "a", Overlap::Skip),
-                &DeadHolders::default(),
-            )
-            .await
-            .unwrap();
+        let first = claim_as(&s, &fresh, t, "a", Overlap::Skip).await;
         assert_eq!(
             (first.outcome, first.fencing),
             (Outcome::Won, 1),
@@ -751,13 +749,7 @@ mod tests {
             Job::parse("leave-2").unwrap(),
         );
         for (job, slot, node) in [(&j1, t, "gone"), (&j2, t, "gone"), (&j2, t + 1, "stays")] {
-            let a = s
-                .claim(
-                    &claim_spec(job, slot, node, Overlap::Allow),
-                    &DeadHolders::default(),
-                )
-                .await
-                .unwrap();
+            let a = claim_as(&s, job, slot, node, Overlap::Allow).await;
             assert_eq!(a.outcome, Outcome::Won, "{a:?}");
         }
         let gone = Holder {
@@ -766,25 +758,13 @@ mod tests {
         };
         assert_eq!(s.end_leases_of(&gone).await.unwrap(), 2);
         assert_eq!(s.end_leases_of(&gone).await.unwrap(), 0, "already ended");
-        let taken = s
-            .claim(
-                &claim_spec(&j1, t, "new", Overlap::Allow),
-                &DeadHolders::default(),
-            )
-            .await
-            .unwrap();
+        let taken = claim_as(&s, &j1, t, "new", Overlap::Allow).await;
         assert_eq!(
             (taken.outcome, taken.attempt),
             (Outcome::Won, 2),
             "{taken:?}"
         );
-        let kept = s
-            .claim(
-                &claim_spec(&j2, t + 1, "new", Overlap::Allow),
-                &DeadHolders::default(),
-            )
-            .await
-            .unwrap();
+        let kept = claim_as(&s, &j2, t + 1, "new", Overlap::Allow).await;
         assert_eq!(kept.outcome, Outcome::Running, "{kept:?}");
     }
 
