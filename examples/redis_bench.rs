@@ -285,7 +285,11 @@ async fn sidecar(url: &str, dir: &std::path::Path) -> anyhow::Result<std::net::S
     };
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = grpc.local_addr()?;
-    let listeners = anarchon::server::Listeners { grpc, admin: None };
+    let listeners = anarchon::server::Listeners {
+        grpc,
+        admin: None,
+        unix: None,
+    };
     tokio::spawn(async move {
         if let Err(e) = anarchon::server::run(cfg, listeners, std::future::pending()).await {
             eprintln!("sidecar failed: {e:#}");

@@ -25,6 +25,9 @@
 #                       the release build of an earlier commit, to put a
 #                       before and an after in one run (APPEND=1)
 #   VARIANT=NAME        a label for BIN's lines ("variant" in the JSON)
+#   TRANSPORT=tcp       how the clients reach the sidecar and etcd: tcp, or
+#                       unix (the sidecar's --listen-unix socket, etcd's
+#                       unix:// listener); "transport" in the JSON
 #
 # Each line also has, for the Redis backends, the server's own CPU µs per
 # script call over the run (INFO commandstats: evalsha usec_per_call).
@@ -35,6 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-5}
 read -r -a clients <<<"${CLIENTS:-1 16 64}"
+transport=${TRANSPORT:-tcp}
 read -r -a backends <<<"${BACKENDS:-sqlite postgres redis-lease redis-stream-id rabbitmq nats}"
 etcd_with=${ETCD_WITH:-sqlite}
 out=${OUT:-docs/benchmarks/matrix.jsonl}
@@ -57,10 +61,10 @@ for b in "${backends[@]}"; do
   for c in "${clients[@]}"; do
     against=raw
     case " $etcd_with " in *" $b "* | *" all "*) against=etcd ;; esac
-    echo "== $variant: $b, $c clients, --against $against; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    echo "== $variant: $b, $c clients, --against $against over $transport; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     case $b in redis-*) redis-cli CONFIG RESETSTAT >/dev/null ;; esac
     line=$("$bin" bench --backend "$(bench_url "$b" "$c")" --clients "$c" --seconds "$seconds" \
-      --against "$against" --json)
+      --against "$against" --transport "$transport" --json)
     lua=null
     case $b in redis-*)
       lua=$(redis-cli INFO commandstats | tr -d '\r' |

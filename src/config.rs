@@ -88,6 +88,11 @@ config_keys! {
     listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 50051)), flag Option<String>, "ADDR";
     /// Admin HTTP address (`/healthz`, `/readyz`, `/metrics`, the dashboard).
     admin_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 9464)), flag Option<String>, "ADDR";
+    /// A Unix socket that serves applications beside --listen (empty: none):
+    /// the same services, for an application on the same host or pod,
+    /// without loopback TCP. No TLS on it; the socket file's permissions
+    /// (the process umask) and --auth-token-file guard it.
+    listen_unix: PathBuf = PathBuf::new(), flag Option<PathBuf>, "PATH";
     /// Node key, instance counter, known peers, SQLite file.
     data_dir: PathBuf = PathBuf::from("./anarchon-data"), flag Option<PathBuf>, "DIR";
     /// sqlite://PATH, postgres://…?table=PREFIX, redis://…?strategy=lease|stream-id|idmp|script,

@@ -298,6 +298,69 @@ fn ready_file_reports_ports_that_answer() {
     let _ = child.wait();
 }
 
+/// `serve --listen-unix PATH`: the ready file names the socket, the command
+/// line's `--server unix:PATH` claims through it, and SIGTERM removes it.
+#[test]
+fn serve_listens_on_a_unix_socket_for_applications() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let sock = dir.path().join("app.sock");
+    let mut child = common::process::serve_on_any_port()
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--ready-file")
+        .arg(&ready)
+        .arg("--listen-unix")
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while common::process::read_ready_file(&ready).is_none() {
+        assert!(child.try_wait().unwrap().is_none(), "serve exited");
+        assert!(std::time::Instant::now() < deadline, "no ready file");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&ready).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == format!("unix={}", sock.display())),
+        "{text}"
+    );
+    let server = format!("unix:{}", sock.display());
+    let out = anarchon(&[
+        "claim", "uds-cli", "--slot", "now/1m", "--json", "--server", &server,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"], "WON");
+    // TLS is refused on a Unix socket, naming the flag.
+    let out = anarchon(&[
+        "claim",
+        "uds-cli",
+        "--slot",
+        "now/1m",
+        "--server",
+        &server,
+        "--tls-ca",
+        "/nonexistent",
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--tls-ca"),
+        "{out:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!sock.exists(), "the socket file outlived serve");
+}
+
 /// `worker_threads` sizes the runtime `serve` runs on: `/metrics` reports the
 /// workers the runtime has, by default (one) and with the flag.
 #[test]

@@ -765,3 +765,99 @@ async fn reflection_v1_services(ch: tonic::transport::Channel) -> String {
         .into_inner();
     format!("{:?}", resp.message().await.unwrap().unwrap())
 }
+
+/// `listen_unix`: the same services on a Unix socket beside the TCP
+/// listener, on the same store, with the same auth and the same per-client
+/// Hold limit (every Unix-socket client counts as the loopback client); the
+/// socket file is gone once the sidecar has stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_reach_the_sidecar_over_its_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("anarchon.sock");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let (sock2, token2) = (sock.clone(), token.clone());
+    let mut s = InProc::start(move |c| {
+        c.listen_unix = sock2;
+        c.auth_token_file = Some(token2);
+        c.max_holds_per_client = 1;
+    })
+    .await;
+    let opts = |server: &str, token: Option<&std::path::Path>| anarchon::cli::ClientOpts {
+        server: server.into(),
+        json: false,
+        auth_token_file: token.map(|t| t.to_owned()),
+        tls_ca: None,
+        tls_client_cert: None,
+        tls_client_key: None,
+    };
+    let unix = format!("unix:{}", sock.display());
+    // Without the token: refused on the socket as on TCP.
+    let (mut anon, _) = anarchon::cli::client::connect(&opts(&unix, None))
+        .await
+        .unwrap();
+    let slot = now() - now() % 60_000;
+    let st = anon.claim(req("uds", slot)).await.unwrap_err();
+    assert_eq!(st.code(), Code::Unauthenticated, "{st:?}");
+    // With it: won over the socket; the same slot over TCP is the same run.
+    let (mut c, mut m) = anarchon::cli::client::connect(&opts(&unix, Some(&token)))
+        .await
+        .unwrap();
+    let r = c.claim(req("uds", slot)).await.unwrap().into_inner();
+    assert!(won(&r), "{r:?}");
+    let tcp = s.addr.to_string();
+    let (mut t, _) = anarchon::cli::client::connect(&opts(&tcp, Some(&token)))
+        .await
+        .unwrap();
+    let r2 = t.claim(req("uds", slot)).await.unwrap().into_inner();
+    assert_eq!(r2.outcome, pb::Outcome::Running as i32, "{r2:?}");
+    // The mesh's application calls answer there too.
+    m.list_peers(pb::ListPeersRequest::default()).await.unwrap();
+    // One Hold stream per client: a second one over the socket is refused.
+    let mut held = c.hold(req("uds-hold", slot)).await.unwrap().into_inner();
+    assert!(won(&held.message().await.unwrap().unwrap().claim.unwrap()));
+    let st = c.hold(req("uds-hold-2", slot)).await.unwrap_err();
+    assert_eq!(st.code(), Code::ResourceExhausted, "{st:?}");
+    drop(held);
+    drop((anon, c, m, t));
+    assert!(sock.exists());
+    s.stop().await;
+    assert!(!sock.exists(), "the socket file outlived the sidecar");
+}
+
+/// `listen_unix` never removes what is not a stale socket: a regular file
+/// and a socket a live server answers on are refused, naming the key, and
+/// left as they were; a socket file nobody answers on is replaced.
+#[tokio::test]
+async fn listen_unix_replaces_only_a_stale_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").unwrap();
+    let e = anarchon::server::UnixSocket::bind(&file)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("listen_unix") && e.contains("not a socket"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+
+    let live = dir.path().join("live.sock");
+    let first = anarchon::server::UnixSocket::bind(&live).unwrap();
+    let e = anarchon::server::UnixSocket::bind(&live)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("listen_unix") && e.contains("answers"), "{e}");
+    assert!(live.exists());
+    drop(first);
+    assert!(!live.exists());
+
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists(), "a dropped std listener leaves its file");
+    let again = anarchon::server::UnixSocket::bind(&stale).unwrap();
+    assert_eq!(again.path(), stale.as_path());
+    assert!(std::os::unix::net::UnixStream::connect(&stale).is_ok());
+}

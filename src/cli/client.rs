@@ -1,5 +1,6 @@
 //! Client subcommands: thin wrappers over the gRPC API that print text or JSON.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use clap::Args;
 use serde_json::json;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
 use super::{ClientOpts, EXIT_NOT_WON};
@@ -40,6 +41,24 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         }
         None => None,
     };
+    if let Some(path) = unix_path(&opts.server) {
+        if opts.tls_ca.is_some() {
+            anyhow::bail!("--tls-ca: a Unix socket ({}) carries no TLS", opts.server);
+        }
+        let channel = unix_channel(Endpoint::from_static("http://localhost"), path.into())
+            .await
+            .map_err(|e| {
+                anyhow::Error::new(e)
+                    .context(format!("cannot reach the sidecar at {}", opts.server))
+            })?;
+        return Ok((
+            pb::claims_client::ClaimsClient::with_interceptor(
+                channel.clone(),
+                Bearer(bearer.clone()),
+            ),
+            pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
+        ));
+    }
     let scheme = if opts.tls_ca.is_some() {
         "https"
     } else {
@@ -70,6 +89,31 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         pb::claims_client::ClaimsClient::with_interceptor(channel.clone(), Bearer(bearer.clone())),
         pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
     ))
+}
+
+/// The socket path of a `unix:PATH` or `unix://PATH` server address (the
+/// forms gRPC's own clients take), else `None`.
+pub fn unix_path(server: &str) -> Option<&str> {
+    let rest = server.strip_prefix("unix:")?;
+    Some(rest.strip_prefix("//").unwrap_or(rest))
+}
+
+/// One connection to a sidecar's Unix socket (`listen_unix`); `endpoint`'s
+/// URI is not dialled, only its settings are used.
+pub async fn unix_channel(
+    endpoint: Endpoint,
+    path: PathBuf,
+) -> Result<Channel, tonic::transport::Error> {
+    endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
 }
 
 /// Connects, or reports why not (text or JSON) and returns exit status 1.

@@ -6,7 +6,7 @@
 
 #[cfg(feature = "bench")]
 pub mod bench;
-mod client;
+pub mod client;
 pub mod cron;
 pub mod group;
 mod hold;
@@ -118,7 +118,7 @@ pub enum Command {
 /// Options every client subcommand takes.
 #[derive(Debug, Clone, Args)]
 pub struct ClientOpts {
-    /// The sidecar's gRPC address.
+    /// The sidecar's gRPC address, or `unix:PATH` for its --listen-unix socket.
     #[arg(long, default_value = "127.0.0.1:50051", env = "ANARCHON_SERVER")]
     pub server: String,
     /// Print JSON instead of text.

@@ -277,6 +277,17 @@ async fn with_deadline<T>(
     }
 }
 
+/// The client a request came from, for the per-client limit of Hold
+/// streams: its IP, or for the Unix socket (`listen_unix`) the loopback
+/// address, so that local clients share one count however they connect.
+fn client_ip<T>(req: &Request<T>) -> Option<std::net::IpAddr> {
+    req.remote_addr().map(|a| a.ip()).or_else(|| {
+        req.extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .map(|_| std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST))
+    })
+}
+
 /// The client's deadline, from the `grpc-timeout` header.
 fn deadline<T>(req: &Request<T>) -> Option<Instant> {
     let header = req.metadata().get("grpc-timeout")?.to_str().ok()?;
@@ -466,7 +477,7 @@ impl pb::claims_server::Claims for ClaimsService {
         let received = Instant::now();
         let deadline = deadline(&request);
         let permit = state
-            .hold_permit(request.remote_addr().map(|addr| addr.ip()))
+            .hold_permit(client_ip(&request))
             .map_err(|e| state.fail(e))?;
         let req = request.into_inner();
         let at = rpc_span!(INFO, "hold", req.job, req.slot_ms);

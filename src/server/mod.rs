@@ -46,6 +46,55 @@ pub use claims::{ClaimsService, ClaimsState};
 pub struct Listeners {
     pub grpc: TcpListener,
     pub admin: Option<TcpListener>,
+    /// `listen_unix`: applications on the same host, without loopback TCP.
+    pub unix: Option<UnixSocket>,
+}
+
+/// A bound Unix socket and its file, removed when dropped (the server has
+/// stopped, or never started).
+pub struct UnixSocket {
+    listener: tokio::net::UnixListener,
+    file: SocketFile,
+}
+
+/// Removes a Unix socket's file when dropped.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl UnixSocket {
+    /// Binds `path`. A socket file left by a sidecar that is gone is
+    /// replaced; one that a live server still answers on, or a path that is
+    /// not a socket, is an error naming `listen_unix`: nothing is removed.
+    pub fn bind(path: &Path) -> anyhow::Result<UnixSocket> {
+        use std::os::unix::fs::FileTypeExt;
+        let bad = |why: &str| anyhow::anyhow!("listen_unix {}: {why}", path.display());
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if !m.file_type().is_socket() => {
+                return Err(bad("exists and is not a socket; not replaced"))
+            }
+            Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
+                return Err(bad("a running server answers on it"))
+            }
+            Ok(_) => std::fs::remove_file(path)
+                .map_err(|e| bad(&format!("cannot remove the stale socket: {e}")))?,
+            Err(_) => {}
+        }
+        let listener =
+            tokio::net::UnixListener::bind(path).map_err(|e| bad(&format!("cannot bind: {e}")))?;
+        Ok(UnixSocket {
+            listener,
+            file: SocketFile(path.to_owned()),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.file.0
+    }
 }
 
 impl Listeners {
@@ -58,9 +107,15 @@ impl Listeners {
         let admin = TcpListener::bind(cfg.admin_listen)
             .await
             .with_context(|| format!("cannot bind admin_listen address {}", cfg.admin_listen))?;
+        let unix = if cfg.listen_unix.as_os_str().is_empty() {
+            None
+        } else {
+            Some(UnixSocket::bind(&cfg.listen_unix)?)
+        };
         let listeners = Listeners {
             grpc,
             admin: Some(admin),
+            unix,
         };
         if let Some(path) = ready_file {
             listeners.write_ready_file(path)?;
@@ -76,6 +131,9 @@ impl Listeners {
         let mut text = format!("grpc={}\n", self.grpc.local_addr()?);
         if let Some(admin) = &self.admin {
             text.push_str(&format!("admin={}\n", admin.local_addr()?));
+        }
+        if let Some(unix) = &self.unix {
+            text.push_str(&format!("unix={}\n", unix.path().display()));
         }
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
@@ -303,16 +361,7 @@ pub async fn run(
     // HTTP/2 keepalive: a client that stops answering pings (frozen,
     // partitioned) loses its connection, so its Hold streams end and their
     // leases with them, within heartbeat + expiry/2 (docs/safety.md).
-    let mut builder = tonic::transport::Server::builder()
-        .concurrency_limit_per_connection(cfg.max_concurrent_per_connection)
-        .http2_keepalive_interval(Some(Duration::from_millis(cfg.heartbeat_ms)))
-        .http2_keepalive_timeout(Some(Duration::from_millis(cfg.expiry_ms / 2)));
-    if let Some(t) = &tls {
-        builder = builder.tls_config(t.server.clone()).context("TLS")?;
-    }
-    let grpc = builder
-        .layer(grpc_errors::DecodeErrors::new(metrics.clone()))
-        .add_service(health_svc)
+    let routes = tonic::service::Routes::new(health_svc)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .add_service(tonic::service::interceptor::InterceptedService::new(
@@ -324,7 +373,24 @@ pub async fn run(
             pb::mesh_server::MeshServer::new(mesh_svc)
                 .max_decoding_message_size(cfg.max_frame_bytes)
                 .max_encoding_message_size(cfg.max_frame_bytes),
-        )
+        );
+    // HTTP/2 keepalive: a client that stops answering pings (frozen,
+    // partitioned) loses its connection, so its Hold streams end and their
+    // leases with them, within heartbeat + expiry/2 (docs/safety.md). The
+    // Unix socket's connections get the same settings.
+    let server = || {
+        tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(cfg.max_concurrent_per_connection)
+            .http2_keepalive_interval(Some(Duration::from_millis(cfg.heartbeat_ms)))
+            .http2_keepalive_timeout(Some(Duration::from_millis(cfg.expiry_ms / 2)))
+    };
+    let mut builder = server();
+    if let Some(t) = &tls {
+        builder = builder.tls_config(t.server.clone()).context("TLS")?;
+    }
+    let tcp = builder
+        .layer(grpc_errors::DecodeErrors::new(metrics.clone()))
+        .add_routes(routes.clone())
         .serve_with_incoming_shutdown(
             // No Nagle: a small stream event (LOST_LEASE, a beat) must not
             // wait for the ACK of the previous one (up to 40 ms).
@@ -336,10 +402,35 @@ pub async fn run(
             }),
             stopped(stop_rx.clone()),
         );
+    // The same services on `listen_unix`, without TLS (a local socket),
+    // and its file removed once both servers have stopped.
+    let (unix, _socket_file) = match listeners.unix {
+        Some(UnixSocket { listener, file }) => {
+            tracing::info!(listen_unix = %file.0.display(), "serving applications on a Unix socket");
+            let serve = server()
+                .layer(grpc_errors::DecodeErrors::new(metrics.clone()))
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    stopped(stop_rx.clone()),
+                );
+            (Some(serve), Some(file))
+        }
+        None => (None, None),
+    };
+    let grpc = async move {
+        let unix = async move {
+            match unix {
+                Some(serve) => serve.await.context("gRPC server on listen_unix"),
+                None => Ok(()),
+            }
+        };
+        tokio::try_join!(async { tcp.await.context("gRPC server") }, unix).map(|_| ())
+    };
     let drain = Duration::from_millis(cfg.drain_ms);
     let mut grpc = Box::pin(grpc);
     tokio::select! {
-        res = &mut grpc => res.context("gRPC server")?,
+        res = &mut grpc => res?,
         _ = async {
             stopped(stop_rx.clone()).await;
             tokio::time::sleep(drain).await;

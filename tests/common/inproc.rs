@@ -33,6 +33,8 @@ impl InProc {
         let backend = cfg.backend_url();
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let unix = (!cfg.listen_unix.as_os_str().is_empty())
+            .then(|| server::UnixSocket::bind(&cfg.listen_unix).unwrap());
         let addr = grpc.local_addr().unwrap();
         let admin_addr = admin.local_addr().unwrap();
         cfg.listen = addr;
@@ -43,6 +45,7 @@ impl InProc {
             Listeners {
                 grpc,
                 admin: Some(admin),
+                unix,
             },
             async move {
                 let _ = rx.await;

@@ -104,6 +104,8 @@ pub fn read_ready_file(path: &Path) -> Option<HashMap<String, SocketAddr>> {
     Some(
         text.lines()
             .filter_map(|l| l.split_once('='))
+            // `unix=PATH` (listen_unix) is a path, not an address.
+            .filter(|(k, _)| *k != "unix")
             .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
             .collect(),
     )

@@ -12,6 +12,13 @@
 //! won when the `If` held. Each client grants one lease at the start (etcd's
 //! own session pattern, one round trip fewer per claim than a lease per
 //! claim) and attaches it to every key it creates.
+//!
+//! Each client is one plain tonic channel ([`Target::channel`], as the
+//! sidecar's clients), handed to `etcd-client` with `from_channel`, rather
+//! than `etcd-client`'s own balanced channel, which costs etcd's side more
+//! client CPU per claim. With `--transport unix` etcd listens on a Unix
+//! socket (`unix://localhost:PORT`, a socket file of that name in its
+//! directory) and the clients dial it there.
 
 use std::path::Path;
 use std::process::Command;
@@ -24,11 +31,12 @@ use super::process::{
     cpu_seconds, cpu_us_per_claim, free_port, ready_figures, retry_taken_ports, status_kib,
     Guarded, ProcFigures, RssSampler,
 };
+use super::transport::{Target, Transport};
 use super::{drive, PathFigures};
 
 /// An etcd server started by the bench; killed when dropped.
 pub struct EtcdServer {
-    pub endpoint: String,
+    pub target: Target,
     pub figures: ProcFigures,
     child: Guarded,
 }
@@ -38,11 +46,12 @@ fn etcd_binary() -> String {
     std::env::var("ANARCHON_ETCD").unwrap_or_else(|_| "etcd".into())
 }
 
-async fn connect(endpoint: &str) -> Result<Client, etcd_client::Error> {
-    let opts = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(10));
-    Client::connect([endpoint], Some(opts)).await
+async fn connect(target: &Target) -> anyhow::Result<Client> {
+    let opts = ConnectOptions::new().with_timeout(Duration::from_secs(10));
+    let ch = tokio::time::timeout(Duration::from_secs(2), target.channel())
+        .await
+        .with_context(|| format!("etcd at {target}: connect timed out"))??;
+    Ok(Client::from_channel(etcd_client::Channel::Tonic(ch), Some(opts)).await?)
 }
 
 /// Starts etcd on free loopback ports (never the system's 2379) with a
@@ -50,15 +59,26 @@ async fn connect(endpoint: &str) -> Result<Client, etcd_client::Error> {
 /// ports as numbers, chosen here and bound there a moment later, so it is
 /// started again on new ports if one was taken in between
 /// ([`retry_taken_ports`]).
-pub async fn start(dir: &Path) -> anyhow::Result<EtcdServer> {
-    retry_taken_ports("etcd", || start_once(dir)).await
+pub async fn start(dir: &Path, transport: Transport) -> anyhow::Result<EtcdServer> {
+    retry_taken_ports("etcd", || start_once(dir, transport)).await
 }
 
-async fn start_once(dir: &Path) -> anyhow::Result<EtcdServer> {
+async fn start_once(dir: &Path, transport: Transport) -> anyhow::Result<EtcdServer> {
     let data = dir.join("etcd-data");
     let _ = std::fs::remove_dir_all(&data);
     let (client_port, peer_port) = (free_port()?, free_port()?);
-    let client_url = format!("http://127.0.0.1:{client_port}");
+    let (client_url, target) = match transport {
+        Transport::Tcp => (
+            format!("http://127.0.0.1:{client_port}"),
+            Target::Tcp(([127, 0, 0, 1], client_port).into()),
+        ),
+        // etcd names the socket file after the URL's host:port, in its
+        // working directory.
+        Transport::Unix => (
+            format!("unix://localhost:{client_port}"),
+            Target::Unix(dir.join(format!("localhost:{client_port}"))),
+        ),
+    };
     let peer_url = format!("http://127.0.0.1:{peer_port}");
     let bin = etcd_binary();
     let mut cmd = Command::new(&bin);
@@ -86,15 +106,15 @@ async fn start_once(dir: &Path) -> anyhow::Result<EtcdServer> {
             cmd.env_remove(k);
         }
     }
+    cmd.current_dir(dir);
     let started = Instant::now();
     let mut child = Guarded::spawn("etcd", cmd, &dir.join("etcd.log")).with_context(|| {
         format!("is etcd installed? (Debian: apt-get install etcd-server; or set ANARCHON_ETCD to its path; tried {bin:?})")
     })?;
-    let ep = client_url.clone();
     let figures = ready_figures(&mut child, started, || {
-        let ep = ep.clone();
+        let target = target.clone();
         async move {
-            match connect(&ep).await {
+            match connect(&target).await {
                 Ok(mut c) => c.status().await.is_ok(),
                 Err(_) => false,
             }
@@ -102,7 +122,7 @@ async fn start_once(dir: &Path) -> anyhow::Result<EtcdServer> {
     })
     .await?;
     Ok(EtcdServer {
-        endpoint: client_url,
+        target,
         figures,
         child,
     })
@@ -115,7 +135,7 @@ impl EtcdServer {
         let ttl = (seconds * 2.0) as i64 + 60;
         let mut conns = Vec::new();
         for _ in 0..clients {
-            let mut c = connect(&self.endpoint).await?;
+            let mut c = connect(&self.target).await?;
             let lease = c.lease_grant(ttl, None).await?.id();
             conns.push((c, lease));
         }

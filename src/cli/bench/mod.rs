@@ -24,6 +24,7 @@ mod age;
 mod etcd;
 mod process;
 mod sidecar;
+mod transport;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -37,6 +38,7 @@ use serde_json::json;
 use crate::claim::*;
 use crate::store::{self, DynStore, StoreOptions};
 use process::{mib, ProcFigures};
+use transport::Transport;
 
 /// What `--against etcd` says in a build without the `etcd` feature.
 pub const NO_ETCD: &str = "this anarchon was built without etcd support; rebuild with `--features etcd` \
@@ -62,6 +64,10 @@ pub struct BenchArgs {
     /// the bench's own process (no memory figures).
     #[arg(long, default_value = "process", value_parser = ["process", "in-process"])]
     pub sidecar: String,
+    /// How the clients reach the sidecar and etcd: loopback TCP, or a Unix
+    /// socket (the sidecar's `--listen-unix`, etcd's `unix://` listener).
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "unix"])]
+    pub transport: String,
     /// Age the store with N finished runs, then measure raw and sidecar again.
     #[arg(long, value_name = "N")]
     pub age: Option<u64>,
@@ -241,10 +247,11 @@ fn loadavg() -> Option<f64> {
 #[cfg(feature = "etcd")]
 async fn measure_etcd(
     dir: &std::path::Path,
+    transport: Transport,
     clients: usize,
     seconds: f64,
 ) -> anyhow::Result<(PathFigures, ProcFigures)> {
-    let mut server = etcd::start(dir).await?;
+    let mut server = etcd::start(dir, transport).await?;
     let fig = server.measure(clients, seconds).await?;
     Ok((fig, server.figures.clone()))
 }
@@ -252,6 +259,7 @@ async fn measure_etcd(
 #[cfg(not(feature = "etcd"))]
 async fn measure_etcd(
     _dir: &std::path::Path,
+    _transport: Transport,
     _clients: usize,
     _seconds: f64,
 ) -> anyhow::Result<(PathFigures, ProcFigures)> {
@@ -264,6 +272,7 @@ struct Report {
     clients: usize,
     seconds: f64,
     mode: String,
+    transport: Transport,
     raw: Option<PathFigures>,
     /// The raw step with one claim per transaction (SQLite, PostgreSQL).
     raw_single: Option<PathFigures>,
@@ -316,6 +325,7 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
     };
     let backend = store::Backend::parse(&url)?.name();
     let clients = a.clients.max(1);
+    let transport = Transport::parse(&a.transport)?;
     let load_start = loadavg();
 
     let mut store = if a.against != "none" || a.age.is_some() {
@@ -343,9 +353,9 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
 
     let dir = tmp.path().join("sidecar");
     let mut sc = if a.sidecar == "process" {
-        sidecar::spawn(&url, &dir).await?
+        sidecar::spawn(&url, &dir, transport).await?
     } else {
-        sidecar::in_process(&url, &dir).await?
+        sidecar::in_process(&url, &dir, transport).await?
     };
     let sc_fig = sc.measure(clients, a.seconds).await?;
     let fresh_cpu = (
@@ -382,7 +392,7 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
     drop(store);
 
     let etcd = if a.against == "etcd" {
-        Some(measure_etcd(tmp.path(), clients, a.seconds).await?)
+        Some(measure_etcd(tmp.path(), transport, clients, a.seconds).await?)
     } else {
         None
     };
@@ -391,6 +401,7 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
         clients,
         seconds: a.seconds,
         mode: a.sidecar.clone(),
+        transport,
         raw: raw_fig,
         raw_single: single_fig,
         sidecar: sc_fig,
@@ -439,6 +450,7 @@ impl Report {
             "clients": self.clients,
             "seconds": self.seconds,
             "sidecar_mode": self.mode,
+            "transport": self.transport.as_str(),
             "sidecar_claims_per_s": round(sc.per_s()),
             "p50_ms": round(sc.ms(0.5)),
             "p99_ms": round(sc.ms(0.99)),
@@ -490,8 +502,12 @@ impl Report {
 
     fn print(&self) {
         println!(
-            "backend {}, {} clients, {}s per path, sidecar {}",
-            self.backend, self.clients, self.seconds, self.mode
+            "backend {}, {} clients, {}s per path, sidecar {} over {}",
+            self.backend,
+            self.clients,
+            self.seconds,
+            self.mode,
+            self.transport.as_str()
         );
         println!(
             "{:<14} {:>12} {:>9} {:>9} {:>9} {:>7}",

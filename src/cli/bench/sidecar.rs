@@ -1,6 +1,7 @@
 //! The sidecar path: a real `anarchon serve` child process (or, with
 //! `--sidecar in-process`, the server inside the bench's own process) on a
-//! loopback port, and N gRPC clients, one connection each, calling `Claim`.
+//! loopback port or, with `--transport unix`, its `--listen-unix` socket,
+//! and N gRPC clients, one connection each, calling `Claim`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -9,12 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tonic::transport::Channel;
 
 use super::process::{
     cpu_seconds, cpu_seconds_of, cpu_us_per_claim, ready_figures, status_kib, store_process,
     wait_ready, Guarded, ProcFigures, RssSampler,
 };
+use super::transport::{Target, Transport};
 use super::{drive, PathFigures};
 use crate::claim::host_now_ms;
 use crate::proto as pb;
@@ -23,7 +24,7 @@ use crate::Config;
 
 /// A running sidecar; stopped when dropped.
 pub struct Sidecar {
-    pub addr: SocketAddr,
+    pub target: Target,
     /// The local store's server processes, by name ([`store_process`]).
     store: Option<&'static str>,
     pub figures: ProcFigures,
@@ -32,11 +33,8 @@ pub struct Sidecar {
 }
 
 /// One `Claim` answered (any outcome) on a fresh connection.
-async fn answers(addr: SocketAddr) -> bool {
-    let Ok(ep) = Channel::from_shared(format!("http://{addr}")) else {
-        return false;
-    };
-    let Ok(Ok(ch)) = tokio::time::timeout(Duration::from_secs(1), ep.connect()).await else {
+async fn answers(target: &Target) -> bool {
+    let Ok(Ok(ch)) = tokio::time::timeout(Duration::from_secs(1), target.channel()).await else {
         return false;
     };
     let req = pb::ClaimRequest {
@@ -54,8 +52,9 @@ async fn answers(addr: SocketAddr) -> bool {
 /// Spawns `anarchon serve` (this very executable) on loopback ports the
 /// kernel picks (port 0, learnt from `--ready-file`: no port is chosen here
 /// and bound there later, so none can be taken in between) with its own
-/// data dir; ready once it answers a `Claim`.
-pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
+/// data dir (and, for `--transport unix`, a socket in it); ready once it
+/// answers a `Claim`.
+pub async fn spawn(url: &str, data_dir: &Path, transport: Transport) -> anyhow::Result<Sidecar> {
     std::fs::create_dir_all(data_dir)?;
     let exe = std::env::current_exe()?;
     let ready_file = data_dir.join("ready");
@@ -76,12 +75,20 @@ pub async fn spawn(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
         // every RPC's span is built), unless the bench's environment says
         // otherwise (`RUST_LOG`, `ANARCHON_*` keys pass through).
         .env_remove("ANARCHON_CONFIG");
+    let socket = data_dir.join("anarchon.sock");
+    if transport == Transport::Unix {
+        cmd.arg("--listen-unix").arg(&socket);
+    }
     let started = Instant::now();
     let mut child = Guarded::spawn("anarchon serve", cmd, &data_dir.join("serve.log"))?;
     let addr = grpc_addr(&mut child, started, &ready_file).await?;
-    let figures = ready_figures(&mut child, started, || answers(addr)).await?;
+    let target = match transport {
+        Transport::Tcp => Target::Tcp(addr),
+        Transport::Unix => Target::Unix(socket),
+    };
+    let figures = ready_figures(&mut child, started, || answers(&target)).await?;
     Ok(Sidecar {
-        addr,
+        target,
         store: store_process(url),
         figures,
         child: Some(child),
@@ -110,10 +117,23 @@ async fn grpc_addr(
 
 /// Starts the server inside this process (the bench's earlier mode: client
 /// and server share one runtime, so no memory figures).
-pub async fn in_process(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
+pub async fn in_process(
+    url: &str,
+    data_dir: &Path,
+    transport: Transport,
+) -> anyhow::Result<Sidecar> {
     let started = Instant::now();
     let grpc = TcpListener::bind("127.0.0.1:0").await?;
     let addr = grpc.local_addr()?;
+    std::fs::create_dir_all(data_dir)?;
+    let (unix, target) = match transport {
+        Transport::Tcp => (None, Target::Tcp(addr)),
+        Transport::Unix => {
+            let path = data_dir.join("anarchon.sock");
+            let socket = server::UnixSocket::bind(&path)?;
+            (Some(socket), Target::Unix(path))
+        }
+    };
     let cfg = Config {
         backend: url.to_owned(),
         data_dir: data_dir.to_owned(),
@@ -125,12 +145,17 @@ pub async fn in_process(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
         let stop = async move {
             let _ = rx.await;
         };
-        if let Err(e) = server::run(cfg, Listeners { grpc, admin: None }, stop).await {
+        let listeners = Listeners {
+            grpc,
+            admin: None,
+            unix,
+        };
+        if let Err(e) = server::run(cfg, listeners, stop).await {
             eprintln!("anarchon bench: sidecar failed: {e:#}");
         }
     });
     loop {
-        if answers(addr).await {
+        if answers(&target).await {
             break;
         }
         if started.elapsed() > Duration::from_secs(60) {
@@ -139,7 +164,7 @@ pub async fn in_process(url: &str, data_dir: &Path) -> anyhow::Result<Sidecar> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(Sidecar {
-        addr,
+        target,
         store: store_process(url),
         figures: ProcFigures {
             ready: started.elapsed(),
@@ -156,9 +181,7 @@ impl Sidecar {
     pub async fn measure(&mut self, clients: usize, seconds: f64) -> anyhow::Result<PathFigures> {
         let mut conns = Vec::new();
         for _ in 0..clients {
-            let ch = Channel::from_shared(format!("http://{}", self.addr))?
-                .connect()
-                .await?;
+            let ch = self.target.channel().await?;
             conns.push(pb::claims_client::ClaimsClient::new(ch));
         }
         let conns = Arc::new(conns);
