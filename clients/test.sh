@@ -11,7 +11,8 @@
 # starts three sidecars on free loopback ports:
 #   A, B  one shared SQLite file, linked as peers (the two-sidecar contest and
 #         the lost-lease tests, which pause A with SIGSTOP)
-#   C     its own SQLite file, requires a bearer token
+#   C     its own SQLite file, requires a bearer token; also listens on a
+#         Unix socket ($ANARCHON_C_UNIX, unix:PATH)
 # runs each client's tests, then a contest in which Python, Go and Java
 # claimers race for the same slots through A and B, and stops the sidecars.
 # The sidecar binary is $ANARCHON_BIN, else `cargo build --bin anarchon`.
@@ -136,6 +137,7 @@ while [ "$port_b" = "$port_a" ]; do port_b=$(free_port); done
 while [ "$port_c" = "$port_a" ] || [ "$port_c" = "$port_b" ]; do port_c=$(free_port); done
 export ANARCHON_A="127.0.0.1:$port_a" ANARCHON_B="127.0.0.1:$port_b" ANARCHON_C="127.0.0.1:$port_c"
 export ANARCHON_C_TOKEN="clients-test-$RANDOM$RANDOM"
+export ANARCHON_C_UNIX="unix:$work/c.sock"
 printf '%s\n' "$ANARCHON_C_TOKEN" >"$work/c.token"
 mkdir -p "$work/a" "$work/b" "$work/c"
 # A long expiry: every valid_for_ms is capped at the self-fence (expiry − a
@@ -149,7 +151,7 @@ pid_a=$!; pids+=("$pid_a")
   --backend "sqlite://$work/shared.db" --peer "$ANARCHON_A" "${mesh[@]}" >"$work/b.log" 2>&1 &
 pids+=("$!")
 "$bin" serve --listen "$ANARCHON_C" --admin-listen 127.0.0.1:0 --data-dir "$work/c" \
-  --auth-token-file "$work/c.token" >"$work/c.log" 2>&1 &
+  --auth-token-file "$work/c.token" --listen-unix "$work/c.sock" >"$work/c.log" 2>&1 &
 pids+=("$!")
 export ANARCHON_A_PID="$pid_a"
 if ! "$py" "$here/testing/wait_ready.py" "$ANARCHON_A" "$ANARCHON_B" "$ANARCHON_C" >"$work/ready.log" 2>&1; then

@@ -39,6 +39,9 @@ cd "$(dirname "$0")/.."
 seconds=${1:-5}
 read -r -a clients <<<"${CLIENTS:-1 16 64}"
 transport=${TRANSPORT:-tcp}
+# Passed only when set, so that the builds before --transport still run.
+transport_arg=()
+[ -n "${TRANSPORT:-}" ] && transport_arg=(--transport "$TRANSPORT")
 read -r -a backends <<<"${BACKENDS:-sqlite postgres redis-lease redis-stream-id rabbitmq nats}"
 etcd_with=${ETCD_WITH:-sqlite}
 out=${OUT:-docs/benchmarks/matrix.jsonl}
@@ -64,7 +67,7 @@ for b in "${backends[@]}"; do
     echo "== $variant: $b, $c clients, --against $against over $transport; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     case $b in redis-*) redis-cli CONFIG RESETSTAT >/dev/null ;; esac
     line=$("$bin" bench --backend "$(bench_url "$b" "$c")" --clients "$c" --seconds "$seconds" \
-      --against "$against" --transport "$transport" --json)
+      --against "$against" "${transport_arg[@]}" --json)
     lua=null
     case $b in redis-*)
       lua=$(redis-cli INFO commandstats | tr -d '\r' |

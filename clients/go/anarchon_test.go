@@ -4,6 +4,7 @@ package anarchon_test
 //   ANARCHON_A, ANARCHON_B   two sidecars sharing one SQLite file, linked as peers
 //   ANARCHON_A_PID           A's process id (the lost-lease tests pause it)
 //   ANARCHON_C, ANARCHON_C_TOKEN   a sidecar that requires this bearer token
+//   ANARCHON_C_UNIX                C's --listen-unix socket, as unix:PATH
 
 import (
 	"context"
@@ -368,6 +369,19 @@ func TestBearerToken(t *testing.T) {
 	}
 	bad := dial(t, "ANARCHON_C")
 	if _, err := bad.Claim(ctx(t), "go-auth", 0); !errors.Is(err, anarchon.ErrUnauthenticated) {
+		t.Fatalf("%v", err)
+	}
+}
+
+// C also listens on a Unix socket (--listen-unix): grpc-go dials a
+// "unix:PATH" target as it is.
+func TestUnixSocket(t *testing.T) {
+	good := dial(t, "ANARCHON_C_UNIX", anarchon.WithToken(env(t, "ANARCHON_C_TOKEN")))
+	if c := claim(t, good, "go-unix", nowMs()); !c.Won() {
+		t.Fatalf("%+v", c)
+	}
+	bad := dial(t, "ANARCHON_C_UNIX")
+	if _, err := bad.Claim(ctx(t), "go-unix", 0); !errors.Is(err, anarchon.ErrUnauthenticated) {
 		t.Fatalf("%v", err)
 	}
 }

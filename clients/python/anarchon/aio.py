@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 
 from . import _requests as rq
-from .client import DEFAULT_TARGET, _metadata
+from .client import DEFAULT_TARGET, _channel_options, _metadata
 from .errors import AnarchonError, FencedError, LeaseLostError, UnavailableError, from_rpc_error
 from .models import Claim, HeldClaim, History, Peer, PeerEvent, Peers, Renewal, Run, monotonic
 from .v1 import claims_pb2, claims_pb2_grpc, mesh_pb2, mesh_pb2_grpc
@@ -31,6 +31,7 @@ class Client:
                  credentials: Optional[grpc.ChannelCredentials] = None,
                  options: Sequence[Tuple[str, object]] = (), timeout: Optional[float] = None) -> None:
         self.target = target
+        options = _channel_options(target, options)
         if credentials is not None:
             self._channel = grpc.aio.secure_channel(target, credentials, options=list(options))
         else:

@@ -23,10 +23,22 @@ def _metadata(token: Optional[str]) -> Tuple[Tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
+def _channel_options(target: str, options: Sequence[Tuple[str, object]]) -> list:
+    """The channel's options. For a ``unix:PATH`` target (the sidecar's
+    ``--listen-unix`` socket), gRPC's C core would send the socket's path as
+    the ``:authority``, which the sidecar's HTTP/2 server refuses as
+    malformed; such a channel says ``localhost`` unless told otherwise."""
+    options = list(options)
+    if target.startswith("unix:") and not any(k == "grpc.default_authority" for k, _ in options):
+        options.append(("grpc.default_authority", "localhost"))
+    return options
+
+
 class Client:
     """A connection to one anarchon sidecar.
 
-    ``token`` is the bearer token the sidecar requires (``--auth-token-file``),
+    ``target`` is ``host:port``, or ``unix:PATH`` for the sidecar's
+    ``--listen-unix`` socket. ``token`` is the bearer token the sidecar requires (``--auth-token-file``),
     if any. ``credentials`` (``grpc.ssl_channel_credentials(...)``) switches to
     TLS. ``timeout`` is the default deadline in seconds of unary calls (None:
     no deadline; a ``claim`` with ``wait_ms`` gets ``wait_ms`` added).
@@ -36,6 +48,7 @@ class Client:
                  credentials: Optional[grpc.ChannelCredentials] = None,
                  options: Sequence[Tuple[str, object]] = (), timeout: Optional[float] = None) -> None:
         self.target = target
+        options = _channel_options(target, options)
         if credentials is not None:
             self._channel = grpc.secure_channel(target, credentials, options=list(options))
         else:

@@ -4,6 +4,7 @@ Environment (set by clients/test.sh):
   ANARCHON_A, ANARCHON_B   two sidecars sharing one SQLite file, linked as peers
   ANARCHON_A_PID           A's process id (the lost-lease test pauses it)
   ANARCHON_C, ANARCHON_C_TOKEN   a sidecar that requires this bearer token
+  ANARCHON_C_UNIX          C's --listen-unix socket, as unix:PATH
 """
 
 import os
