@@ -358,9 +358,6 @@ pub async fn run(
         None => None,
     };
 
-    // HTTP/2 keepalive: a client that stops answering pings (frozen,
-    // partitioned) loses its connection, so its Hold streams end and their
-    // leases with them, within heartbeat + expiry/2 (docs/safety.md).
     let routes = tonic::service::Routes::new(health_svc)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
