@@ -303,26 +303,12 @@ fn ready_file_reports_ports_that_answer() {
 #[test]
 fn serve_listens_on_a_unix_socket_for_applications() {
     let dir = tempfile::tempdir().unwrap();
-    let ready = dir.path().join("ready");
     let sock = dir.path().join("app.sock");
-    let mut child = common::process::serve_on_any_port()
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .arg("--ready-file")
-        .arg(&ready)
-        .arg("--listen-unix")
-        .arg(&sock)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while common::process::read_ready_file(&ready).is_none() {
-        assert!(child.try_wait().unwrap().is_none(), "serve exited");
-        assert!(std::time::Instant::now() < deadline, "no ready file");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let text = std::fs::read_to_string(&ready).unwrap();
+    let mut serve = Sidecar::start(
+        &dir.path().join("data"),
+        &["--listen-unix", sock.to_str().unwrap()],
+    );
+    let text = std::fs::read_to_string(&serve.ready_file).unwrap();
     assert!(
         text.lines()
             .any(|l| l == format!("unix={}", sock.display())),
@@ -351,12 +337,7 @@ fn serve_listens_on_a_unix_socket_for_applications() {
         String::from_utf8_lossy(&out.stderr).contains("--tls-ca"),
         "{out:?}"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = child.wait().unwrap();
+    let status = serve.terminate();
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "the socket file outlived serve");
 }

@@ -362,27 +362,20 @@ func TestWatchPeers(t *testing.T) {
 	}
 }
 
+// C requires a token, over TCP and over its Unix socket (--listen-unix,
+// "unix:PATH", which grpc-go dials as it is).
 func TestBearerToken(t *testing.T) {
-	good := dial(t, "ANARCHON_C", anarchon.WithToken(env(t, "ANARCHON_C_TOKEN")))
-	if c := claim(t, good, "go-auth", nowMs()); !c.Won() {
-		t.Fatalf("%+v", c)
-	}
-	bad := dial(t, "ANARCHON_C")
-	if _, err := bad.Claim(ctx(t), "go-auth", 0); !errors.Is(err, anarchon.ErrUnauthenticated) {
-		t.Fatalf("%v", err)
-	}
-}
-
-// C also listens on a Unix socket (--listen-unix): grpc-go dials a
-// "unix:PATH" target as it is.
-func TestUnixSocket(t *testing.T) {
-	good := dial(t, "ANARCHON_C_UNIX", anarchon.WithToken(env(t, "ANARCHON_C_TOKEN")))
-	if c := claim(t, good, "go-unix", nowMs()); !c.Won() {
-		t.Fatalf("%+v", c)
-	}
-	bad := dial(t, "ANARCHON_C_UNIX")
-	if _, err := bad.Claim(ctx(t), "go-unix", 0); !errors.Is(err, anarchon.ErrUnauthenticated) {
-		t.Fatalf("%v", err)
+	for _, name := range []string{"ANARCHON_C", "ANARCHON_C_UNIX"} {
+		t.Run(name, func(t *testing.T) {
+			good := dial(t, name, anarchon.WithToken(env(t, "ANARCHON_C_TOKEN")))
+			if c := claim(t, good, "go-auth-"+name, nowMs()); !c.Won() {
+				t.Fatalf("%+v", c)
+			}
+			bad := dial(t, name)
+			if _, err := bad.Claim(ctx(t), "go-auth-"+name, 0); !errors.Is(err, anarchon.ErrUnauthenticated) {
+				t.Fatalf("%v", err)
+			}
+		})
 	}
 }
 

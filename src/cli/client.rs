@@ -41,24 +41,27 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         }
         None => None,
     };
-    if let Some(path) = unix_path(&opts.server) {
-        if opts.tls_ca.is_some() {
-            anyhow::bail!("--tls-ca: a Unix socket ({}) carries no TLS", opts.server);
+    let unreachable = |e: tonic::transport::Error| {
+        anyhow::Error::new(e).context(format!("cannot reach the sidecar at {}", opts.server))
+    };
+    let channel = match unix_path(&opts.server) {
+        Some(path) => {
+            if opts.tls_ca.is_some() {
+                anyhow::bail!("--tls-ca: a Unix socket ({}) carries no TLS", opts.server);
+            }
+            unix_channel(path.into()).await.map_err(unreachable)?
         }
-        let channel = unix_channel(Endpoint::from_static("http://localhost"), path.into())
-            .await
-            .map_err(|e| {
-                anyhow::Error::new(e)
-                    .context(format!("cannot reach the sidecar at {}", opts.server))
-            })?;
-        return Ok((
-            pb::claims_client::ClaimsClient::with_interceptor(
-                channel.clone(),
-                Bearer(bearer.clone()),
-            ),
-            pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
-        ));
-    }
+        None => tcp_endpoint(opts)?.connect().await.map_err(unreachable)?,
+    };
+    Ok((
+        pb::claims_client::ClaimsClient::with_interceptor(channel.clone(), Bearer(bearer.clone())),
+        pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
+    ))
+}
+
+/// The endpoint of a `host:port` (or URI) server address, with TLS when
+/// `--tls-ca` is given.
+fn tcp_endpoint(opts: &ClientOpts) -> anyhow::Result<Endpoint> {
     let scheme = if opts.tls_ca.is_some() {
         "https"
     } else {
@@ -82,13 +85,7 @@ pub async fn connect(opts: &ClientOpts) -> anyhow::Result<(ClaimsClient, MeshCli
         }
         endpoint = endpoint.tls_config(tls)?;
     }
-    let channel = endpoint.connect().await.map_err(|e| {
-        anyhow::Error::new(e).context(format!("cannot reach the sidecar at {}", opts.server))
-    })?;
-    Ok((
-        pb::claims_client::ClaimsClient::with_interceptor(channel.clone(), Bearer(bearer.clone())),
-        pb::mesh_client::MeshClient::with_interceptor(channel, Bearer(bearer)),
-    ))
+    Ok(endpoint)
 }
 
 /// The socket path of a `unix:PATH` or `unix://PATH` server address (the
@@ -98,13 +95,10 @@ pub fn unix_path(server: &str) -> Option<&str> {
     Some(rest.strip_prefix("//").unwrap_or(rest))
 }
 
-/// One connection to a sidecar's Unix socket (`listen_unix`); `endpoint`'s
-/// URI is not dialled, only its settings are used.
-pub async fn unix_channel(
-    endpoint: Endpoint,
-    path: PathBuf,
-) -> Result<Channel, tonic::transport::Error> {
-    endpoint
+/// One connection to a sidecar's Unix socket (`listen_unix`). The URI is
+/// not dialled (the connector is); it names the HTTP/2 `:authority`.
+pub async fn unix_channel(path: PathBuf) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_static("http://localhost")
         .connect_timeout(Duration::from_secs(5))
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();

@@ -266,24 +266,13 @@ def test_watch_peers_snapshot_then_cancel(a, b):
         assert next(watch).kind == "SNAPSHOT"
 
 
-def test_unix_socket():
-    # C also listens on a Unix socket (--listen-unix), token and all.
-    addr, token = os.environ["ANARCHON_C_UNIX"], os.environ["ANARCHON_C_TOKEN"]
-    assert addr.startswith("unix:")
+# C requires a token, over TCP and over its Unix socket (--listen-unix).
+@pytest.mark.parametrize("name", ["ANARCHON_C", "ANARCHON_C_UNIX"])
+def test_bearer_token(name):
+    addr, token = os.environ[name], os.environ["ANARCHON_C_TOKEN"]
     with anarchon.Client(addr, token=token, timeout=10) as c:
-        claim = c.claim("py-unix", now_ms())
-        assert claim.won
+        assert c.claim(f"py-auth-{name}", now_ms()).won
         assert c.peers().self.node
     with anarchon.Client(addr, timeout=10) as c:
         with pytest.raises(UnauthenticatedError):
-            c.claim("py-unix", 0)
-
-
-def test_bearer_token():
-    addr, token = os.environ["ANARCHON_C"], os.environ["ANARCHON_C_TOKEN"]
-    with anarchon.Client(addr, token=token, timeout=10) as c:
-        assert c.claim("py-auth", now_ms()).won
-        assert c.peers().self.node
-    with anarchon.Client(addr, timeout=10) as c:
-        with pytest.raises(UnauthenticatedError):
-            c.claim("py-auth", 0)
+            c.claim(f"py-auth-{name}", 0)

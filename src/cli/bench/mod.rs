@@ -24,7 +24,7 @@ mod age;
 mod etcd;
 mod process;
 mod sidecar;
-mod transport;
+pub mod transport;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -66,8 +66,8 @@ pub struct BenchArgs {
     pub sidecar: String,
     /// How the clients reach the sidecar and etcd: loopback TCP, or a Unix
     /// socket (the sidecar's `--listen-unix`, etcd's `unix://` listener).
-    #[arg(long, default_value = "tcp", value_parser = ["tcp", "unix"])]
-    pub transport: String,
+    #[arg(long, value_enum, default_value_t = Transport::Tcp)]
+    pub transport: Transport,
     /// Age the store with N finished runs, then measure raw and sidecar again.
     #[arg(long, value_name = "N")]
     pub age: Option<u64>,
@@ -325,7 +325,7 @@ async fn bench_inner(a: &BenchArgs) -> anyhow::Result<()> {
     };
     let backend = store::Backend::parse(&url)?.name();
     let clients = a.clients.max(1);
-    let transport = Transport::parse(&a.transport)?;
+    let transport = a.transport;
     let load_start = loadavg();
 
     let mut store = if a.against != "none" || a.age.is_some() {

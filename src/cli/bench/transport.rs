@@ -9,21 +9,14 @@ use std::path::PathBuf;
 use tonic::transport::{Channel, Endpoint};
 
 /// `--transport`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
     Tcp,
     Unix,
 }
 
 impl Transport {
-    pub fn parse(s: &str) -> anyhow::Result<Transport> {
-        match s {
-            "tcp" => Ok(Transport::Tcp),
-            "unix" => Ok(Transport::Unix),
-            other => anyhow::bail!("--transport: expected tcp or unix, got {other:?}"),
-        }
-    }
-
+    /// The flag's value, for the report.
     pub fn as_str(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",
@@ -50,11 +43,7 @@ impl Target {
             }
             Target::Unix(path) => {
                 // The sidecar's own client connector (`--server unix:PATH`).
-                crate::cli::client::unix_channel(
-                    Endpoint::from_static("http://localhost"),
-                    path.clone(),
-                )
-                .await
+                crate::cli::client::unix_channel(path.clone()).await
             }
         }
     }
