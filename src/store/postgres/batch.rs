@@ -1,11 +1,14 @@
 //! Group commit for PostgreSQL claims.
 //!
 //! Claims that arrive while earlier ones are in flight are gathered into one
-//! call of `<prefix>_claim_batch` (`migrations/postgres/0006_claim_batch.sql`):
-//! one round trip, one transaction, one WAL flush for the whole batch, each
-//! claim still decided on its own by `<prefix>_claim` under its job's lock, in
-//! its own subtransaction, so one that fails is answered with its own error
-//! and the others go on.
+//! call of `<prefix>_claim_batch_whole`
+//! (`migrations/postgres/0010_claim_batch_whole.sql`): one round trip, one
+//! transaction, one WAL flush for the whole batch, each claim still decided
+//! on its own by `<prefix>_claim` under its job's lock. Should one claim
+//! fail, that call writes nothing, and the batch runs again as one call of
+//! `<prefix>_claim_batch` (`0006_claim_batch.sql`), each claim in its own
+//! subtransaction, so the one that fails is answered with its own error and
+//! the others go on ([`run`]).
 //!
 //! A claim that arrives while nothing is queued or in flight runs alone, in
 //! the caller's own task, as one call of `<prefix>_claim`: a lone client pays
@@ -36,10 +39,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use sqlx::Row;
+use sqlx::{PgConnection, Row};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::pool::Pool;
+use super::statements::Statements;
 use super::{answer_of, classify, AttemptError, AttemptResult};
 use crate::claim::*;
 use crate::error::Error;
@@ -72,12 +76,10 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the gathering task; `sql` is the `<prefix>_claim_batch`
-    /// call, `one` the `<prefix>_claim` call.
+    /// Starts the gathering task, with the store's statements.
     pub(super) fn start(
         pool: Arc<Pool>,
-        sql: Arc<str>,
-        one: Arc<str>,
+        statements: &Statements,
         max_batch: usize,
         in_flight: usize,
     ) -> Batcher {
@@ -86,8 +88,9 @@ impl Batcher {
         let last = Arc::new(AtomicUsize::new(0));
         let call = Call {
             pool,
-            sql,
-            one,
+            whole: statements.claim_batch_whole.clone(),
+            isolated: statements.claim_batch.clone(),
+            one: statements.claim_one.clone(),
             lock_first: Arc::new(AtomicBool::new(false)),
         };
         tokio::spawn(gather(
@@ -233,13 +236,16 @@ fn missing() -> AttemptError {
     ))
 }
 
-/// What batches and claims alone run with: the pool, the two statements,
+/// What batches and claims alone run with: the pool, the three statements,
 /// and the flag they share (every claim of the last call won).
 #[derive(Clone)]
 struct Call {
     pool: Arc<Pool>,
-    /// The `<prefix>_claim_batch` call.
-    sql: Arc<str>,
+    /// The `<prefix>_claim_batch_whole` call: a batch with no subtransaction
+    /// per claim.
+    whole: Arc<str>,
+    /// The `<prefix>_claim_batch` call: each claim in its own subtransaction.
+    isolated: Arc<str>,
     /// The `<prefix>_claim` call of a claim alone.
     one: Arc<str>,
     lock_first: Arc<AtomicBool>,
@@ -328,18 +334,64 @@ fn current_arrays(dead: &DeadHolders) -> (Vec<&str>, Vec<i64>) {
     dead.current().map(|(n, &i)| (n.as_str(), i as i64)).unzip()
 }
 
-/// One call of `<prefix>_claim_batch`: per claim, its answer or its error.
+/// One batch: per claim, its answer or its error.
+///
+/// The batch runs first as one call of `<prefix>_claim_batch_whole`, with no
+/// subtransaction per claim. A claim that fails there (the database raised
+/// an error) aborts that call and its transaction: nothing of the batch was
+/// written. The batch then runs again, on the same connection, as one call
+/// of `<prefix>_claim_batch`, where each claim has its own subtransaction, so
+/// the claim that fails is answered with its own error and the others go
+/// on. A claim almost never fails, so almost every batch pays for no
+/// subtransaction; one that does pays for its batch twice.
 async fn run(
     call: &Call,
     specs: &[&ClaimSpec],
     dead: &DeadHolders,
 ) -> AttemptResult<Vec<Option<AttemptResult<ClaimAnswer>>>> {
+    let lock_first = call.lock_first.load(Ordering::Relaxed);
+    let mut conn = call.pool.acquire().await?;
+    let rows = match query_batch(&mut conn, &call.whole, specs, dead, lock_first).await {
+        Err(sqlx::Error::Database(e)) => {
+            tracing::debug!(error = %e, claims = specs.len(),
+                "postgres: a claim failed its batch; the batch runs again, each claim on its own");
+            query_batch(&mut conn, &call.isolated, specs, dead, lock_first).await?
+        }
+        rows => rows?,
+    };
+    conn.done();
+    call.lock_first.store(
+        rows.len() == specs.len() && rows.iter().all(took_a_run),
+        Ordering::Relaxed,
+    );
+    let mut out: Vec<Option<AttemptResult<ClaimAnswer>>> = (0..specs.len()).map(|_| None).collect();
+    for row in &rows {
+        let index: i32 = row.try_get("idx")?;
+        let Some(slot) = usize::try_from(index - 1).ok().and_then(|i| out.get_mut(i)) else {
+            return Err(AttemptError::Final(Error::Store(format!(
+                "postgres: the claim batch answered for element {index} of {}",
+                specs.len()
+            ))));
+        };
+        *slot = Some(element(row, specs[(index - 1) as usize]));
+    }
+    Ok(out)
+}
+
+/// One call of a batch function (`sql`, with the arguments of
+/// `<prefix>_claim_batch`) for `specs`, of one holder.
+async fn query_batch(
+    conn: &mut PgConnection,
+    sql: &str,
+    specs: &[&ClaimSpec],
+    dead: &DeadHolders,
+    lock_first: bool,
+) -> std::result::Result<Vec<PgRow>, sqlx::Error> {
     let (dead_nodes, dead_instances) = dead_arrays(dead);
     let (current_nodes, current_instances) = current_arrays(dead);
     // [`claim_all`]'s claims are of one holder.
     let holder = &specs[0].holder;
-    let mut conn = call.pool.acquire().await?;
-    let rows = sqlx::query(&call.sql)
+    sqlx::query(sql)
         .bind(specs.iter().map(|s| s.job.as_str()).collect::<Vec<_>>())
         .bind(specs.iter().map(|s| s.slot_ms).collect::<Vec<_>>())
         .bind(specs.iter().map(|s| s.token.as_str()).collect::<Vec<_>>())
@@ -363,26 +415,9 @@ async fn run(
         .bind(dead_instances)
         .bind(current_nodes)
         .bind(current_instances)
-        .bind(call.lock_first.load(Ordering::Relaxed))
-        .fetch_all(&mut *conn)
-        .await?;
-    conn.done();
-    call.lock_first.store(
-        rows.len() == specs.len() && rows.iter().all(took_a_run),
-        Ordering::Relaxed,
-    );
-    let mut out: Vec<Option<AttemptResult<ClaimAnswer>>> = (0..specs.len()).map(|_| None).collect();
-    for row in &rows {
-        let index: i32 = row.try_get("idx")?;
-        let Some(slot) = usize::try_from(index - 1).ok().and_then(|i| out.get_mut(i)) else {
-            return Err(AttemptError::Final(Error::Store(format!(
-                "postgres: the claim batch answered for element {index} of {}",
-                specs.len()
-            ))));
-        };
-        *slot = Some(element(row, specs[(index - 1) as usize]));
-    }
-    Ok(out)
+        .bind(lock_first)
+        .fetch_all(conn)
+        .await
 }
 
 /// One element's answer: its error, or its decision.

@@ -55,6 +55,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "claim_insert_first",
         include_str!("../../../migrations/postgres/0009_claim_insert_first.sql"),
     ),
+    (
+        10,
+        "claim_batch_whole",
+        include_str!("../../../migrations/postgres/0010_claim_batch_whole.sql"),
+    ),
 ];
 
 /// The advisory lock key that serialises the migrations of one prefix.

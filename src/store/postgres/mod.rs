@@ -110,8 +110,7 @@ impl PostgresStore {
         Ok(PostgresStore {
             batcher: batch::Batcher::start(
                 pool.clone(),
-                sql.claim_batch.clone(),
-                sql.claim_one.clone(),
+                &sql,
                 target.max_batch,
                 target.batches_in_flight,
             ),

@@ -16,6 +16,16 @@ const CLAIM_COLUMNS: &str = "o_decision AS decision, o_now_ms AS now_ms, \
 
 pub(super) const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
+/// A call of the batch function `<p>_<function>`, under the column names of
+/// [`Statements::claim_batch`].
+fn batch_call(p: &str, function: &str) -> Arc<str> {
+    format!(
+        "SELECT o_index AS idx, o_error AS error, {CLAIM_COLUMNS}
+         FROM {p}_{function}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+    )
+    .into()
+}
+
 /// The statements, spelled once for the configured prefix.
 pub(super) struct Statements {
     /// Claims, one call of `<prefix>_claim_batch` (see
@@ -23,6 +33,10 @@ pub(super) struct Statements {
     /// `$14` is `p_lock_first`): per claim, its index in the arrays (from
     /// 1), its error or its decision and run.
     pub(super) claim_batch: Arc<str>,
+    /// The same batch as one call of `<prefix>_claim_batch_whole`
+    /// (`migrations/postgres/0010_claim_batch_whole.sql`): the same columns,
+    /// no subtransaction per claim, and an error of one claim fails the call.
+    pub(super) claim_batch_whole: Arc<str>,
     /// One claim alone, one call of `<prefix>_claim` (same columns but the
     /// index and error; `$14` is `p_lock_first`).
     pub(super) claim_one: Arc<str>,
@@ -81,11 +95,8 @@ impl Statements {
                 "SELECT {CLAIM_COLUMNS} FROM {p}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
             )
             .into(),
-            claim_batch: format!(
-                "SELECT o_index AS idx, o_error AS error, {CLAIM_COLUMNS}
-                 FROM {p}_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
-            )
-            .into(),
+            claim_batch: batch_call(p, "claim_batch"),
+            claim_batch_whole: batch_call(p, "claim_batch_whole"),
             peek: format!(
                 "SELECT {NOW_MS} AS now_ms, {RUN_COLUMNS}
                  FROM (VALUES (1)) AS one LEFT JOIN {runs} ON job = $1 AND slot_ms = $2"

@@ -43,8 +43,12 @@ pub const DEFAULT_TABLE: &str = "anarchon";
 /// Claims per group commit when the URL names no `max_batch` (each is a
 /// subtransaction; PostgreSQL keeps 64 per transaction in shared memory).
 pub const DEFAULT_MAX_BATCH: usize = 32;
-/// Group commits at once when the URL names no `batches_in_flight`.
-pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 4;
+/// Group commits at once when the URL names no `batches_in_flight`. Two
+/// carried 10–20 % more claims than four at 4 and 16 clients, and as many at
+/// 64, once a batch had no subtransaction per claim (docs/BENCHMARKS.md,
+/// round 17): fewer batches at once carry more claims each, and a batch's
+/// commit is most of its cost to the server.
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
 /// Connections per store when the URL names no `max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
 /// Where and how a PostgreSQL store runs, from its backend URL.
