@@ -40,7 +40,8 @@ const DRIVER_OPTIONS: &[&str] = &[
 
 /// The table prefix when the URL names none.
 pub const DEFAULT_TABLE: &str = "anarchon";
-/// Claims per group commit when the URL names no `max_batch` (each is a
+/// Claims per group commit when the URL names no `max_batch` (in a batch
+/// that runs again after one of its claims failed, each claim is a
 /// subtransaction; PostgreSQL keeps 64 per transaction in shared memory).
 pub const DEFAULT_MAX_BATCH: usize = 32;
 /// Group commits at once when the URL names no `batches_in_flight`. Two
