@@ -90,9 +90,13 @@ config_keys! {
     admin_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 9464)), flag Option<String>, "ADDR";
     /// A Unix socket that serves applications beside --listen (empty: none):
     /// the same services, for an application on the same host or pod,
-    /// without loopback TCP. No TLS on it; the socket file's permissions
-    /// (the process umask) and --auth-token-file guard it.
+    /// without loopback TCP. No TLS on it; the socket file's mode (0600, or
+    /// 0660 with --listen-unix-group) and --auth-token-file guard it.
     listen_unix: PathBuf = PathBuf::new(), flag Option<PathBuf>, "PATH";
+    /// Let the socket file's group connect to --listen-unix too (mode 0660
+    /// instead of 0600): for an application that runs as another user of
+    /// that group, as a Kubernetes pod's containers share its fsGroup.
+    listen_unix_group: bool = false, flag Option<bool>, "BOOL";
     /// Node key, instance counter, known peers, SQLite file.
     data_dir: PathBuf = PathBuf::from("./anarchon-data"), flag Option<PathBuf>, "DIR";
     /// sqlite://PATH, postgres://…?table=PREFIX, redis://…?strategy=lease|stream-id|idmp|script,
@@ -218,6 +222,7 @@ impl ConfigFlags {
             let shown = match defaults.get(key) {
                 Some(serde_json::Value::Number(n)) => n.to_string(),
                 Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+                Some(serde_json::Value::Bool(b)) => b.to_string(),
                 _ => continue,
             };
             cmd = cmd.mut_arg(*key, |arg| {

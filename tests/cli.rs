@@ -40,6 +40,17 @@ fn bad_config_exits_64_naming_the_key() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("lease_ms"));
 
+    let out = Command::new(BIN)
+        .args(["check"])
+        .env("ANARCHON_LISTEN_UNIX_GROUP", "maybe")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("listen_unix_group"));
+    let out = anarchon(&["check", "--listen-unix-group", "maybe"]);
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--listen-unix-group"));
+
     // A misspelt PostgreSQL option is refused before anything connects: the
     // driver would only log it (`sslmod=require` would not require TLS).
     for (url, name) in [
@@ -298,16 +309,24 @@ fn ready_file_reports_ports_that_answer() {
     let _ = child.wait();
 }
 
-/// `serve --listen-unix PATH`: the ready file names the socket, the command
-/// line's `--server unix:PATH` claims through it, and SIGTERM removes it.
+/// `serve --listen-unix PATH`: the ready file names the socket, which
+/// `--listen-unix-group=true` makes mode 0660, the command line's
+/// `--server unix:PATH` claims through it, and SIGTERM removes it.
 #[test]
 fn serve_listens_on_a_unix_socket_for_applications() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("app.sock");
     let mut serve = Sidecar::start(
         &dir.path().join("data"),
-        &["--listen-unix", sock.to_str().unwrap()],
+        &[
+            "--listen-unix",
+            sock.to_str().unwrap(),
+            "--listen-unix-group=true",
+        ],
     );
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o660, "{mode:o}");
     let text = std::fs::read_to_string(&serve.ready_file).unwrap();
     assert!(
         text.lines()

@@ -833,7 +833,7 @@ async fn listen_unix_replaces_only_a_stale_socket() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
-    let e = anarchon::server::UnixSocket::bind(&file)
+    let e = anarchon::server::UnixSocket::bind(&file, false)
         .err()
         .unwrap()
         .to_string();
@@ -844,8 +844,8 @@ async fn listen_unix_replaces_only_a_stale_socket() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 
     let live = dir.path().join("live.sock");
-    let first = anarchon::server::UnixSocket::bind(&live).unwrap();
-    let e = anarchon::server::UnixSocket::bind(&live)
+    let first = anarchon::server::UnixSocket::bind(&live, false).unwrap();
+    let e = anarchon::server::UnixSocket::bind(&live, false)
         .err()
         .unwrap()
         .to_string();
@@ -857,7 +857,45 @@ async fn listen_unix_replaces_only_a_stale_socket() {
     let stale = dir.path().join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     assert!(stale.exists(), "a dropped std listener leaves its file");
-    let again = anarchon::server::UnixSocket::bind(&stale).unwrap();
+    let again = anarchon::server::UnixSocket::bind(&stale, false).unwrap();
     assert_eq!(again.path(), stale.as_path());
     assert!(std::os::unix::net::UnixStream::connect(&stale).is_ok());
+}
+
+/// The socket's mode is set, not left to the umask: 0600 (its user only),
+/// or 0660 with `listen_unix_group`; it reaches its path only with that
+/// mode (bound as PATH.tmp, which is gone afterwards), and it answers.
+#[tokio::test]
+async fn listen_unix_sets_the_socket_mode() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    for (group, want) in [(false, 0o600), (true, 0o660)] {
+        let path = dir.path().join(format!("group-{group}.sock"));
+        let socket = anarchon::server::UnixSocket::bind(&path, group).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, want, "group={group}");
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(".tmp");
+        assert!(!std::path::Path::new(&tmp).exists(), "{tmp:?} was left");
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+        drop(socket);
+        assert!(!path.exists());
+    }
+    // A regular file where the temporary name goes is refused and kept.
+    let path = dir.path().join("blocked.sock");
+    std::fs::write(dir.path().join("blocked.sock.tmp"), "keep me").unwrap();
+    let e = anarchon::server::UnixSocket::bind(&path, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("listen_unix") && e.contains("not a socket"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("blocked.sock.tmp")).unwrap(),
+        "keep me"
+    );
+    assert!(!path.exists());
 }

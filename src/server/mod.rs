@@ -67,25 +67,35 @@ impl Drop for SocketFile {
 }
 
 impl UnixSocket {
-    /// Binds `path`. A socket file left by a sidecar that is gone is
-    /// replaced; one that a live server still answers on, or a path that is
-    /// not a socket, is an error naming `listen_unix`: nothing is removed.
-    pub fn bind(path: &Path) -> anyhow::Result<UnixSocket> {
-        use std::os::unix::fs::FileTypeExt;
+    /// Binds `path` with mode 0600, or 0660 when `group` may connect too
+    /// (`listen_unix_group`). A socket file left by a sidecar that is gone
+    /// is replaced; one that a live server still answers on, or a path that
+    /// is not a socket, is an error naming `listen_unix`: nothing is removed.
+    ///
+    /// The socket is bound under a temporary name beside `path`, given its
+    /// mode, and only then renamed to `path`: nobody can connect to `path`
+    /// while it still has the mode the process umask gave it.
+    pub fn bind(path: &Path, group: bool) -> anyhow::Result<UnixSocket> {
+        use std::os::unix::fs::PermissionsExt;
         let bad = |why: &str| anyhow::anyhow!("listen_unix {}: {why}", path.display());
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if !m.file_type().is_socket() => {
-                return Err(bad("exists and is not a socket; not replaced"))
-            }
-            Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
-                return Err(bad("a running server answers on it"))
-            }
-            Ok(_) => std::fs::remove_file(path)
-                .map_err(|e| bad(&format!("cannot remove the stale socket: {e}")))?,
-            Err(_) => {}
-        }
+        replace_stale(path).map_err(|why| bad(&why))?;
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        replace_stale(&tmp).map_err(|why| bad(&format!("{}: {why}", tmp.display())))?;
         let listener =
-            tokio::net::UnixListener::bind(path).map_err(|e| bad(&format!("cannot bind: {e}")))?;
+            tokio::net::UnixListener::bind(&tmp).map_err(|e| bad(&format!("cannot bind: {e}")))?;
+        let mode = if group { 0o660 } else { 0o600 };
+        let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| bad(&format!("cannot set its mode to {mode:o}: {e}")))
+            .and_then(|()| {
+                std::fs::rename(&tmp, path)
+                    .map_err(|e| bad(&format!("cannot rename {} to it: {e}", tmp.display())))
+            });
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         Ok(UnixSocket {
             listener,
             file: SocketFile(path.to_owned()),
@@ -94,6 +104,24 @@ impl UnixSocket {
 
     pub fn path(&self) -> &Path {
         &self.file.0
+    }
+}
+
+/// Makes `path` free for a new socket: nothing there, or a socket file no
+/// server answers on (removed). Anything else is refused, and kept.
+fn replace_stale(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            Err("exists and is not a socket; not replaced".into())
+        }
+        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
+            Err("a running server answers on it".into())
+        }
+        Ok(_) => {
+            std::fs::remove_file(path).map_err(|e| format!("cannot remove the stale socket: {e}"))
+        }
+        Err(_) => Ok(()),
     }
 }
 
@@ -110,7 +138,7 @@ impl Listeners {
         let unix = if cfg.listen_unix.as_os_str().is_empty() {
             None
         } else {
-            Some(UnixSocket::bind(&cfg.listen_unix)?)
+            Some(UnixSocket::bind(&cfg.listen_unix, cfg.listen_unix_group)?)
         };
         let listeners = Listeners {
             grpc,

@@ -34,7 +34,7 @@ impl InProc {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let unix = (!cfg.listen_unix.as_os_str().is_empty())
-            .then(|| server::UnixSocket::bind(&cfg.listen_unix).unwrap());
+            .then(|| server::UnixSocket::bind(&cfg.listen_unix, cfg.listen_unix_group).unwrap());
         let addr = grpc.local_addr().unwrap();
         let admin_addr = admin.local_addr().unwrap();
         cfg.listen = addr;

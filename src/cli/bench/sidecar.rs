@@ -130,7 +130,7 @@ pub async fn in_process(
         Transport::Tcp => (None, Target::Tcp(addr)),
         Transport::Unix => {
             let path = data_dir.join("anarchon.sock");
-            let socket = server::UnixSocket::bind(&path)?;
+            let socket = server::UnixSocket::bind(&path, false)?;
             (Some(socket), Target::Unix(path))
         }
     };
