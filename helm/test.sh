@@ -258,6 +258,10 @@ check "refused: gRPC probes with TLS" \
   refused "plaintext only" --set secrets.tls.name=t --set sidecar.probes.type=grpc
 check "refused: a grace period shorter than preStop + drain" \
   refused "must exceed the sidecar's preStop sleep + drain" --set shutdown.terminationGracePeriodSeconds=3
+check "refused: a Unix socket path longer than sockaddr_un holds" \
+  refused "must be at most 107" --set sidecar.unixSocket.enabled=true --set "sidecar.unixSocket.dir=/$(printf 'd%.0s' {1..120})"
+check "refused: the Unix socket in the data dir" \
+  refused "give the socket its own directory" --set sidecar.unixSocket.enabled=true --set sidecar.unixSocket.dir=/data
 # $(BACKEND_PASSWORD) is literal: the kubelet, not a shell, expands it.
 # shellcheck disable=SC2016
 check "refused: a password Secret the URL does not use" \

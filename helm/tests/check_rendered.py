@@ -26,6 +26,7 @@ KNOWN_KEYS = {
     "tls_client_ca", "mesh_secret_file", "auth_token_file",
     "max_request_bytes", "max_concurrent_per_connection",
     "max_holds_per_client", "max_links_per_peer", "worker_threads",
+    "listen_unix", "listen_unix_group",
 }
 
 results = []
@@ -200,6 +201,20 @@ def main():
     check("data dir is an emptyDir volume", "emptyDir" in data and env.get("ANARCHON_DATA_DIR", {}).get("value") == sc["dataDir"],
           str(data))
     check("/tmp is writable (emptyDir)", "emptyDir" in vols.get(mounts.get("/tmp"), {}))
+    # The Unix socket (sidecar.unixSocket): bound in an emptyDir of its own.
+    u = sc["unixSocket"]
+    sock = f"{u['dir'].rstrip('/')}/{u['name']}"
+    if u["enabled"]:
+        check("socket path and mode passed to the sidecar",
+              env.get("ANARCHON_LISTEN_UNIX", {}).get("value") == sock
+              and env.get("ANARCHON_LISTEN_UNIX_GROUP", {}).get("value") == str(u["group"]).lower(),
+              f"{env.get('ANARCHON_LISTEN_UNIX')} {env.get('ANARCHON_LISTEN_UNIX_GROUP')}")
+        check("socket directory is an emptyDir of its own",
+              mounts.get(u["dir"]) == "anarchon-socket" and "emptyDir" in vols.get("anarchon-socket", {}),
+              f"{mounts} {vols.get('anarchon-socket')}")
+        check("socket path fits sockaddr_un", len(sock.encode()) <= 107, sock)
+    else:
+        check("no Unix socket unless asked", "ANARCHON_LISTEN_UNIX" not in env and "anarchon-socket" not in vols)
     cmv = vols.get(mounts.get("/etc/anarchon/config"), {}).get("configMap", {}).get("name")
     check("config volume is the ConfigMap", cms and cmv == cms[0]["metadata"]["name"])
 
@@ -237,8 +252,16 @@ def main():
     check("sidecar declares its two ports", ports == {grpc_port, admin_port})
     if sub:
         return
-    app_env = {e["name"]: e for cc in ps.get("containers", []) if cc["name"] != sc["name"] for e in cc.get("env", [])}
-    check("app finds the sidecar on loopback", app_env.get("ANARCHON_SERVER", {}).get("value") == f"127.0.0.1:{grpc_port}")
+    apps = [cc for cc in ps.get("containers", []) if cc["name"] != sc["name"]]
+    app_env = {e["name"]: e for cc in apps for e in cc.get("env", [])}
+    server = app_env.get("ANARCHON_SERVER", {}).get("value")
+    if not u["enabled"]:
+        check("app finds the sidecar on loopback", server == f"127.0.0.1:{grpc_port}", server)
+        return
+    check("app dials the sidecar's Unix socket", server == f"unix:{sock}", f"{server} vs unix:{sock}")
+    app_mounts = {m["mountPath"]: m["name"] for cc in apps for m in cc.get("volumeMounts", [])}
+    check("app mounts the socket's emptyDir at the same path",
+          app_mounts.get(u["dir"]) == mounts.get(u["dir"]) == "anarchon-socket", f"{app_mounts} / {mounts}")
 
 
 if __name__ == "__main__":

@@ -230,6 +230,16 @@ prometheus.io/path: {{ .Values.metrics.path | quote }}
 {{- if and (eq (include "anarchon.probeType" .) "grpc") .Values.secrets.tls.name }}
 {{- fail "sidecar.probes.type grpc cannot work with TLS: the kubelet's gRPC probe speaks plaintext only; use auto or http" }}
 {{- end }}
+{{- $u := .Values.sidecar.unixSocket }}
+{{- if $u.enabled }}
+{{- $sock := include "anarchon.unixSocketPath" . }}
+{{- if gt (len $sock) 107 }}
+{{- fail (printf "sidecar.unixSocket: %s is %d bytes; a Unix socket's path must be at most 107 (shorten dir or name)" $sock (len $sock)) }}
+{{- end }}
+{{- if has (clean $u.dir) (list (clean .Values.sidecar.dataDir) "/tmp" "/etc/anarchon/config" "/etc/anarchon/secrets" "/var/run/anarchon") }}
+{{- fail (printf "sidecar.unixSocket.dir %s is already a mount of the sidecar or the app; give the socket its own directory" $u.dir) }}
+{{- end }}
+{{- end }}
 {{- $kube := .Capabilities.KubeVersion.Version }}
 {{- if and .Values.sidecar.native (semverCompare "<1.29.0-0" $kube) }}
 {{- fail (printf "sidecar.native needs Kubernetes >= 1.29 (this is %s); set sidecar.native=false" $kube) }}
@@ -238,4 +248,10 @@ prometheus.io/path: {{ .Values.metrics.path | quote }}
 {{- fail (printf "the preStop sleep action needs Kubernetes >= 1.30 (this is %s); set shutdown.preStopSleepSeconds=0" $kube) }}
 {{- end }}
 {{- $_ := include "anarchon.terminationGracePeriodSeconds" . }}
+{{- end }}
+
+{{/* The sidecar's Unix socket, "<dir>/<name>" (sidecar.unixSocket). */}}
+{{- define "anarchon.unixSocketPath" -}}
+{{- $u := .Values.sidecar.unixSocket -}}
+{{- printf "%s/%s" (trimSuffix "/" $u.dir) $u.name -}}
 {{- end }}

@@ -6,7 +6,8 @@ containers otherwise:
   initContainers:
     {{- include "anarchon.sidecar" . | nindent 4 }}
 
-"anarchon.volumes": the volumes it mounts (config, data, tmp, secrets), as
+"anarchon.volumes": the volumes it mounts (config, data, tmp, secrets, and
+the Unix socket's directory with sidecar.unixSocket.enabled), as
 YAML list items, for the same pod's volumes:
 
   volumes:
@@ -75,6 +76,13 @@ From a parent chart that depends on this one, pass this chart's scope:
       value: {{ $s.dataDir | quote }}
     - name: ANARCHON_ADVERTISE
       value: {{ $s.advertise | default (printf "$(POD_IP):%d" $grpc) | quote }}
+    {{- if $s.unixSocket.enabled }}
+    # Applications in the pod may dial this socket instead of the gRPC port.
+    - name: ANARCHON_LISTEN_UNIX
+      value: {{ include "anarchon.unixSocketPath" . | quote }}
+    - name: ANARCHON_LISTEN_UNIX_GROUP
+      value: {{ $s.unixSocket.group | quote }}
+    {{- end }}
     {{- if $v.backend.urlSecret.name }}
     - name: ANARCHON_BACKEND
       valueFrom:
@@ -142,6 +150,10 @@ From a parent chart that depends on this one, pass this chart's scope:
       mountPath: {{ $s.dataDir }}
     - name: anarchon-tmp
       mountPath: /tmp
+    {{- if $s.unixSocket.enabled }}
+    - name: anarchon-socket
+      mountPath: {{ $s.unixSocket.dir }}
+    {{- end }}
     {{- if include "anarchon.hasSecrets" . }}
     - name: anarchon-secrets
       mountPath: /etc/anarchon/secrets
@@ -166,6 +178,13 @@ From a parent chart that depends on this one, pass this chart's scope:
 - name: anarchon-tmp
   emptyDir:
     sizeLimit: {{ $v.sidecar.tmpSizeLimit }}
+{{- if $v.sidecar.unixSocket.enabled }}
+# The sidecar's Unix socket (sidecar.unixSocket); mount it in the app's
+# containers at the same path.
+- name: anarchon-socket
+  emptyDir:
+    sizeLimit: 1Mi
+{{- end }}
 {{- if include "anarchon.hasSecrets" . }}
 - name: anarchon-secrets
   projected:
