@@ -59,7 +59,12 @@ bench_scratch "m$(date +%s)"
 
 mkdir -p "$(dirname "$out")"
 [ "${APPEND:-0}" = 1 ] || : >"$out"
-echo "bench-matrix: $seconds s per path, $(nproc) cores; uptime: $(uptime)" >&2
+# The machine's CPU, recorded in every line: the same build's figures moved
+# by up to 40 % from one boot of this VM to the next (docs/BENCHMARKS.md,
+# round 18), so compare lines of one CPU and one boot only.
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)
+echo "bench-matrix: $seconds s per path, $(nproc) cores ($cpu); uptime: $(uptime)" >&2
 for b in "${backends[@]}"; do
   for c in "${clients[@]}"; do
     against=raw
@@ -75,7 +80,9 @@ for b in "${backends[@]}"; do
       lua=${lua:-null} ;;
     esac
     jq -c --arg l "$b" --arg v "$variant" --arg at "$(date -u +%FT%TZ)" --argjson lua "$lua" \
-      '. + {"label": $l, "variant": $v, "at": $at, "redis_lua_us_per_call": $lua}' <<<"$line" >>"$out"
+      --arg cpu "$cpu" --arg boot "$boot" \
+      '. + {"label": $l, "variant": $v, "at": $at, "redis_lua_us_per_call": $lua, "cpu": $cpu, "boot_id": $boot}' \
+      <<<"$line" >>"$out"
   done
 done
 echo "bench-matrix: done; uptime: $(uptime)" >&2
