@@ -825,6 +825,17 @@ async fn applications_reach_the_sidecar_over_its_unix_socket() {
     assert!(!sock.exists(), "the socket file outlived the sidecar");
 }
 
+/// The error of a `listen_unix` bind of `path` that must be refused; it
+/// names the key.
+fn bind_refused(path: &std::path::Path) -> String {
+    let e = anarchon::server::UnixSocket::bind(path, false)
+        .err()
+        .expect("the bind should have been refused")
+        .to_string();
+    assert!(e.contains("listen_unix"), "{e}");
+    e
+}
+
 /// `listen_unix` never removes what is not a stale socket: a regular file
 /// and a socket a live server answers on are refused, naming the key, and
 /// left as they were; a socket file nobody answers on is replaced.
@@ -833,23 +844,14 @@ async fn listen_unix_replaces_only_a_stale_socket() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "keep me").unwrap();
-    let e = anarchon::server::UnixSocket::bind(&file, false)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("listen_unix") && e.contains("not a socket"),
-        "{e}"
-    );
+    let e = bind_refused(&file);
+    assert!(e.contains("not a socket"), "{e}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 
     let live = dir.path().join("live.sock");
     let first = anarchon::server::UnixSocket::bind(&live, false).unwrap();
-    let e = anarchon::server::UnixSocket::bind(&live, false)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(e.contains("listen_unix") && e.contains("answers"), "{e}");
+    let e = bind_refused(&live);
+    assert!(e.contains("answers"), "{e}");
     assert!(live.exists());
     drop(first);
     assert!(!live.exists());
@@ -885,14 +887,8 @@ async fn listen_unix_sets_the_socket_mode() {
     // A regular file where the temporary name goes is refused and kept.
     let path = dir.path().join("blocked.sock");
     std::fs::write(dir.path().join("blocked.sock.tmp"), "keep me").unwrap();
-    let e = anarchon::server::UnixSocket::bind(&path, false)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("listen_unix") && e.contains("not a socket"),
-        "{e}"
-    );
+    let e = bind_refused(&path);
+    assert!(e.contains("not a socket"), "{e}");
     assert_eq!(
         std::fs::read_to_string(dir.path().join("blocked.sock.tmp")).unwrap(),
         "keep me"
