@@ -2,7 +2,8 @@
 """What the SQLite writer writes to the WAL, per batch and per claim.
 
 Reads an strace log of the `anarchon serve` process's SQLite writer thread
-and runtime worker thread(s), taken while a bench drives it:
+and runtime worker thread(s), taken while a bench drives it (since round 20
+the writer runs on the runtime worker: trace that one thread):
 
     strace -p WRITER_TID -p WORKER_TID -e trace=pwrite64,fcntl,recvfrom \
         -x -s 8 -o writer.txt        # for a second or so, then Ctrl-C

@@ -4,9 +4,9 @@
 //! In WAL mode with `synchronous=NORMAL` a `COMMIT` writes its frames to the
 //! WAL file without syncing it. The kernel then keeps those pages dirty in
 //! its cache (its background writeback starts only at a share of RAM, or
-//! after 30 s), so the checkpoint that the writer runs every
-//! [`AUTOCHECKPOINT_PAGES`](super::writer) pages first has to `fsync` some
-//! 16 MB of WAL while every queued operation waits: 36 ms of a stall, about
+//! after 30 s), so the checkpoint that the writer runs once the WAL holds
+//! 4,000 pages first has to `fsync` some 16 MB of WAL while every queued
+//! operation waits: 36 ms of a stall, about
 //! twice a second at 16 clients on the project's machine, and the sidecar's
 //! p99 (docs/BENCHMARKS.md, round 14).
 //!
@@ -49,7 +49,7 @@ impl Nudge {
 }
 
 /// Starts the flusher of the WAL file `wal` (`<database>-wal`). It ends
-/// when the returned [`Nudge`] is dropped (with the writer thread that
+/// when the returned [`Nudge`] is dropped (with the writer that
 /// holds it). `flushes` counts the syncs that succeeded.
 pub(super) fn start(wal: String, flushes: Arc<AtomicU64>) -> std::io::Result<Nudge> {
     let (tx, rx) = sync_channel(1);

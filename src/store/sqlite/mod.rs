@@ -5,7 +5,7 @@
 //! read, the decision and the write happen while no other connection — in
 //! this process or in any other process sharing the file — can write.
 //! Contenders wait up to `busy_timeout`. Inside this process every write goes
-//! through one writer thread ([`writer`]), which gathers the operations that
+//! through one writer task ([`writer`]), which gathers the operations that
 //! arrive together into one transaction (group commit), each decided on its
 //! own under the lock. `now` is the host clock, read after the lock is taken
 //! (every writer of the file shares that clock).
@@ -427,10 +427,11 @@ mod tests {
     }
 
     /// Three writes (the second fails after writing) queued together behind
-    /// a blocker on the writer thread; returns the transactions they took and
-    /// their answers.
+    /// a blocker on the writer; returns the transactions they took and
+    /// their answers. The blocker holds the writer's runtime thread: the
+    /// caller's runtime needs another one (`multi_thread`).
     async fn three_queued_writes(s: &SqliteStore) -> (u64, [Result<()>; 3]) {
-        // The writer thread waits in this plain read until `go`; the three
+        // The writer waits in this plain read until `go`; the three
         // writes are sent only once it waits there, so they queue up behind
         // it and run as one batch (sent before, one of them could share the
         // blocker's batch and the rest make a second one).
@@ -570,7 +571,7 @@ mod tests {
         (job_flag, run_flag)
     }
 
-    /// Runs one claim flow in the phase asked for, on the writer thread: the
+    /// Runs one claim flow in the phase asked for, on the writer: the
     /// plain read before the lock (`locked` false; `None` when it does not
     /// settle the claim) or the decision under it.
     async fn claim_in(s: &SqliteStore, spec: &ClaimSpec, locked: bool) -> Option<ClaimAnswer> {
@@ -772,7 +773,7 @@ mod tests {
     /// its own error and leaves nothing; the others commit, once each (the
     /// batch ran again with savepoints: `ok1`, written before the failure,
     /// would break its key's uniqueness had the first pass been kept).
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failing_operation_does_not_fail_its_batch() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(&dir).await;
@@ -795,7 +796,7 @@ mod tests {
 
     /// `max_batch=1`: the same queued writes commit one by one, with the
     /// same answers.
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn max_batch_one_commits_every_write_on_its_own() {
         let dir = tempfile::tempdir().unwrap();
         let s = store_with(&dir, 1).await;
@@ -830,9 +831,10 @@ mod tests {
     }
 
     /// Under writes without a pause the WAL still starts over: the writer
-    /// checkpoints in its own commits, so each checkpoint can copy the whole
-    /// WAL and the next transaction starts it over. (A checkpoint on another
-    /// thread never let it start over; see `AUTOCHECKPOINT_PAGES`.)
+    /// checkpoints between its own batches, so each checkpoint can copy the
+    /// whole WAL and the next transaction starts it over. (A checkpoint on
+    /// another connection never let it start over; see `CHECKPOINT_FRAMES`.
+    /// SQLite's own checkpoint, the backstop, would let the WAL reach 64 MiB.)
     #[tokio::test]
     async fn the_wal_stays_bounded_under_writes_without_a_pause() {
         let dir = tempfile::tempdir().unwrap();
@@ -907,6 +909,80 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A store on `a.db` in `dir` whose writes wait `busy` for a lock.
+    async fn store_busy(dir: &tempfile::TempDir, busy: Duration) -> SqliteStore {
+        let path = dir.path().join("a.db");
+        let opts = StoreOptions {
+            busy_timeout: busy,
+            ..StoreOptions::default()
+        };
+        SqliteStore::open(path.to_str().unwrap(), MAX_BATCH, &opts)
+            .await
+            .unwrap()
+    }
+
+    /// Another connection (another process on the file) that holds the
+    /// write lock for `hold`, while a write is sent: the write's answer, and
+    /// how many 10 ms ticks a task on the same one-thread runtime counted
+    /// meanwhile.
+    async fn write_behind_a_lock(
+        s: &SqliteStore,
+        dir: &tempfile::TempDir,
+        hold: Duration,
+    ) -> (Result<()>, u32) {
+        let other = rusqlite::Connection::open(dir.path().join("a.db")).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let ticker = async {
+            let mut ticks = 0;
+            let until = tokio::time::Instant::now() + hold;
+            while tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                ticks += 1;
+            }
+            other.execute_batch("COMMIT").unwrap();
+            ticks
+        };
+        let (written, ticks) = tokio::join!(s.writer.run(meta_write("k", false)), ticker);
+        (written, ticks)
+    }
+
+    /// A write lock held by another connection is waited for off the
+    /// runtime: the write waits for it and then lands, and the runtime
+    /// (one thread here) keeps running meanwhile. A writer that waited on
+    /// the runtime would stop the ticker, which is what lets the lock go.
+    #[tokio::test]
+    async fn a_lock_held_elsewhere_is_waited_for_off_the_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store_busy(&dir, Duration::from_secs(5)).await;
+        let (written, ticks) = write_behind_a_lock(&s, &dir, Duration::from_millis(300)).await;
+        written.unwrap();
+        assert!(has_key(&s, "k").await);
+        assert!(
+            ticks >= 20,
+            "{ticks} ticks of 10 ms in 300 ms: the runtime was held"
+        );
+        // And the writer is back on the runtime, without a busy handler.
+        s.writer.run(meta_write("k2", false)).await.unwrap();
+        assert!(has_key(&s, "k2").await);
+    }
+
+    /// A lock held longer than `busy_timeout` answers the write `UNAVAILABLE`
+    /// and writes nothing; the next write, once the lock is gone, lands.
+    #[tokio::test]
+    async fn a_lock_held_past_the_busy_timeout_answers_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store_busy(&dir, Duration::from_millis(100)).await;
+        let (written, ticks) = write_behind_a_lock(&s, &dir, Duration::from_millis(400)).await;
+        assert!(matches!(written, Err(Error::Unavailable(_))), "{written:?}");
+        assert!(
+            ticks >= 20,
+            "{ticks} ticks of 10 ms in 400 ms: the runtime was held"
+        );
+        assert!(!has_key(&s, "k").await);
+        s.writer.run(meta_write("k2", false)).await.unwrap();
+        assert!(has_key(&s, "k2").await);
     }
 
     /// A lone operation that fails leaves nothing behind either.

@@ -1,10 +1,12 @@
-//! The SQLite writer: one thread, one connection, group commit.
+//! The SQLite writer: one task, one connection, group commit.
 //!
 //! Every operation that may write (claim, renew, release, ending leases,
-//! liveness beats, pruning) is sent to one dedicated thread that owns a
-//! `rusqlite` connection. The thread takes the first operation waiting, plus
-//! whatever else is already queued (up to `max_batch`, at most [`MAX_BATCH`]; it never waits for a
-//! batch to fill, so one client pays no batching delay), and then:
+//! liveness beats, pruning) is sent to one Tokio task that owns a
+//! `rusqlite` connection. The task takes the first operation waiting, lets
+//! the runtime run once more (the operations of other RPCs that are ready
+//! join the queue), takes whatever is queued (up to `max_batch`, at most
+//! [`MAX_BATCH`]; it never waits for a batch to fill, so one client pays no
+//! batching delay), and then:
 //!
 //! 1. answers what a plain read settles (most losing claims, resends, refused
 //!    renews) without the write lock. It does so only while that pays: when
@@ -19,8 +21,7 @@
 //!    [`sql::release_locked`]): read again, decide, write;
 //! 3. commits once, and only then replies. The commit does not sync the
 //!    WAL; the flusher thread ([`flush`]) does, in the background, so that
-//!    the checkpoint a commit runs every [`AUTOCHECKPOINT_PAGES`] finds
-//!    little left to sync.
+//!    the checkpoint finds little left to sync.
 //!
 //! The operations of a batch run one after another; should one fail, the
 //! batch runs again with each operation in its own `SAVEPOINT`: one
@@ -31,13 +32,33 @@
 //! they would be one transaction each, so the batch changes only how many
 //! commits (and WAL appends) the file sees.
 //!
-//! Why `rusqlite` on a thread rather than sqlx's connection: sqlx runs each
-//! SQLite statement on a worker thread behind a channel, so a claim (three to
-//! five statements) crosses threads that often; here a whole batch runs on one
-//! thread with cached prepared statements. docs/BENCHMARKS.md has the figures.
+//! **On the runtime, never blocked there.** A batch runs on the runtime's
+//! own thread, between the RPCs that fed it: no thread is woken to take an
+//! operation and none to take its answer back (round 20 in
+//! docs/BENCHMARKS.md: a fifth more claims at a fifth less CPU each). A
+//! batch is CPU and the page cache: its WAL frames go to the page cache, the
+//! flusher thread ([`flush`]) syncs them. The two steps that may wait run on
+//! a blocking thread instead, the connection moved there and back, while new
+//! operations queue:
+//! * the **write lock held by another connection** (another process on the
+//!   same file). On the runtime the connection has no busy handler, so
+//!   `BEGIN IMMEDIATE` answers busy at once; the batch then waits for the
+//!   lock up to `busy_timeout` on the blocking thread. A plain read that
+//!   meets a busy file settles nothing: the operation is decided under the
+//!   lock;
+//! * the **checkpoint**, once the WAL holds [`CHECKPOINT_FRAMES`] pages:
+//!   it copies the WAL back into the file and syncs both. It runs in
+//!   the writer's own sequence, between two batches, so the next
+//!   transaction starts the WAL over. SQLite's automatic checkpoint stays as
+//!   a backstop, at [`BACKSTOP_PAGES`].
+//!
+//! Why `rusqlite` rather than sqlx's connection: sqlx runs each SQLite
+//! statement on a worker thread behind a channel, so a claim (three to five
+//! statements) crosses threads that often; here a whole batch runs at once
+//! with cached prepared statements. docs/BENCHMARKS.md has the figures.
 //!
 //! The decision flow in [`sql`] is written against the async [`RunAccess`];
-//! this thread's implementation never awaits, so each flow completes on its
+//! this writer's implementation never awaits, so each flow completes on its
 //! first poll ([`now`]).
 
 use std::future::Future;
@@ -58,7 +79,7 @@ use crate::error::{Error, Result};
 /// The most operations one transaction gathers (and the default of the
 /// URL's `max_batch`).
 pub const MAX_BATCH: usize = 64;
-/// Operations waiting for the thread, at most (senders wait beyond it).
+/// Operations waiting for the writer, at most (senders wait beyond it).
 const QUEUE: usize = 4096;
 
 /// Where an operation is in its batch.
@@ -71,7 +92,7 @@ pub(super) enum Phase {
     Locked { now: i64 },
 }
 
-/// The handle the store holds; dropping it stops the thread.
+/// The handle the store holds; dropping it stops the writer.
 pub(super) struct Writer {
     ops: mpsc::Sender<Box<dyn Step>>,
     /// Transactions committed so far (one per batch that took the write lock); read by
@@ -85,22 +106,30 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Opens the writer's connection on `path` (the migrations have run) and
-    /// starts its thread.
+    /// starts its task on the current Tokio runtime.
     pub(super) fn start(path: &str, busy_timeout: Duration, max_batch: usize) -> Result<Writer> {
-        let conn = open(path, busy_timeout).map_err(convert)?;
-        conn.pragma_update(None, "wal_autocheckpoint", AUTOCHECKPOINT_PAGES)
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+            Error::Store(format!(
+                "cannot start the sqlite writer outside a runtime: {e}"
+            ))
+        })?;
+        let conn = open(path).map_err(convert)?;
+        conn.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)
             .map_err(convert)?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let commits = Arc::new(AtomicU64::new(0));
-        let counted = commits.clone();
         let flushes = Arc::new(AtomicU64::new(0));
-        let cannot =
-            |e: std::io::Error| Error::Store(format!("cannot start the sqlite writer: {e}"));
-        let nudge = flush::start(format!("{path}-wal"), flushes.clone()).map_err(cannot)?;
-        std::thread::Builder::new()
-            .name("anarchon-sqlite-writer".into())
-            .spawn(move || serve(conn, rx, max_batch.clamp(1, MAX_BATCH), &counted, &nudge))
-            .map_err(cannot)?;
+        let nudge = flush::start(format!("{path}-wal"), flushes.clone())
+            .map_err(|e| Error::Store(format!("cannot start the sqlite writer's flusher: {e}")))?;
+        let core = Core {
+            conn,
+            commits: commits.clone(),
+            nudge,
+            busy_timeout,
+            wal_path: format!("{path}-wal"),
+            wal: None,
+        };
+        runtime.spawn(serve(core, rx, max_batch.clamp(1, MAX_BATCH)));
         Ok(Writer {
             ops: tx,
             commits,
@@ -120,7 +149,7 @@ impl Writer {
         self.flushes.load(Ordering::Relaxed)
     }
 
-    /// Runs `op` on the writer thread: first in [`Phase::Read`], then, if
+    /// Runs `op` on the writer: first in [`Phase::Read`], then, if
     /// that did not settle it, in [`Phase::Locked`] inside a batch.
     pub(super) async fn run<T, F>(&self, op: F) -> Result<T>
     where
@@ -133,18 +162,21 @@ impl Writer {
             out: None,
             reply: Some(reply),
         };
-        let stopped = || Error::Unavailable("sqlite: the writer thread has stopped".into());
+        let stopped = || Error::Unavailable("sqlite: the writer has stopped".into());
         self.ops.send(Box::new(step)).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
 
-fn open(path: &str, busy_timeout: Duration) -> rusqlite::Result<Connection> {
+/// The writer's connection. It has no busy handler: on the runtime a busy
+/// file is answered at once, and [`Core::wait_for_lock`] waits for it on a
+/// blocking thread.
+fn open(path: &str) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    conn.busy_timeout(busy_timeout)?;
+    conn.busy_timeout(Duration::ZERO)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     // A larger page cache and a memory map keep an aged file (a million
@@ -155,20 +187,26 @@ fn open(path: &str, busy_timeout: Duration) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// WAL pages (4 KiB each) after which a commit of the writer checkpoints.
-/// SQLite's default is 1,000; a longer WAL lets the pages a burst of claims
-/// rewrites again and again (the runs table's tail, its indexes, the jobs
-/// rows) reach the database file once per checkpoint instead of several
-/// times. The checkpoint runs in the writer's own commit, right after it,
-/// so it can always copy the whole WAL and the next transaction starts the
-/// WAL over: the file stays near 16 MiB. (A checkpoint on another thread
-/// was measured too: it never let the WAL start over, which grew to
-/// 16.6 GB over 10⁶ aged runs. Four designs of a background copier beside
-/// this checkpoint cut the p99 but left a WAL 3–9 times longer and a lower
-/// aged rate: docs/BENCHMARKS.md, round 3.)
-const AUTOCHECKPOINT_PAGES: i64 = 4_000;
+/// WAL frames (4 KiB pages) after which the writer checkpoints, between two
+/// batches, on a blocking thread. SQLite's default is 1,000; a longer WAL
+/// lets the pages a burst of claims rewrites again and again (the runs
+/// table's tail, its indexes, the jobs rows) reach the database file once
+/// per checkpoint instead of several times. The checkpoint runs in the
+/// writer's own sequence, so it can copy the whole WAL and the next
+/// transaction starts the WAL over: the file stays near 16 MiB. (A
+/// checkpoint on another connection, concurrent with the writes, was
+/// measured too: it never let the WAL start over, which grew to 16.6 GB
+/// over 10⁶ aged runs. Four designs of a background copier cut the p99 but
+/// left a WAL 3–9 times longer and a lower aged rate: docs/BENCHMARKS.md,
+/// round 3.)
+const CHECKPOINT_FRAMES: u32 = 4_000;
 
-/// One queued operation, as the thread sees it.
+/// WAL pages after which SQLite's own automatic checkpoint runs inside a
+/// commit, on the runtime: a backstop, reached only if the writer cannot
+/// read the WAL file ([`Core::wal_is_long`]).
+const BACKSTOP_PAGES: i64 = 16_000;
+
+/// One queued operation, as the writer sees it.
 trait Step: Send {
     /// Before the transaction: `true` when a plain read answered it (the
     /// reply is sent).
@@ -194,6 +232,9 @@ where
     fn read(&mut self, a: &mut Access<'_>) -> bool {
         let settled = match (self.op)(a, Phase::Read) {
             Ok(None) => return false,
+            // Another connection holds a lock the read needs: decide it
+            // under the write lock, which waits for it.
+            Err(e) if is_busy(&e) => return false,
             Ok(Some(v)) => Ok(v),
             Err(e) => Err(e),
         };
@@ -230,18 +271,44 @@ where
     }
 }
 
-/// The thread: take what is queued, settle the reads, commit the rest as one
-/// transaction.
-fn serve(
-    mut conn: Connection,
-    mut rx: mpsc::Receiver<Box<dyn Step>>,
-    max_batch: usize,
-    commits: &AtomicU64,
-    nudge: &flush::Nudge,
-) {
+/// What the writer task owns. It moves to a blocking thread and back for
+/// the steps that may wait.
+struct Core {
+    conn: Connection,
+    /// Transactions committed so far.
+    commits: Arc<AtomicU64>,
+    nudge: flush::Nudge,
+    /// How long a batch waits for another connection's write lock.
+    busy_timeout: Duration,
+    /// The WAL file, opened at the first commit, read for its length
+    /// ([`Core::wal_is_long`]). SQLite takes no lock on it, so this
+    /// descriptor cannot drop one of SQLite's POSIX locks when it closes.
+    wal_path: String,
+    wal: Option<std::fs::File>,
+}
+
+/// How a batch's transaction ended.
+enum Ended {
+    /// Committed or failed, and answered: how many operations wrote nothing
+    /// under the lock (a plain read might have answered them), or the
+    /// batch's length when it did not commit.
+    Answered { idle: usize },
+    /// `BEGIN IMMEDIATE` found the write lock taken, and the batch may not
+    /// wait here: nothing ran, nobody was answered.
+    Busy,
+}
+
+/// The task: take what is queued, settle the reads, commit the rest as one
+/// transaction; wait for a lock or checkpoint off the runtime. It ends when
+/// the [`Writer`] is dropped, or if a blocking step is lost (its thread
+/// panicked, or the runtime is shutting down); the operations still queued
+/// are then answered `UNAVAILABLE` by their dropped replies.
+async fn serve(mut core: Core, mut rx: mpsc::Receiver<Box<dyn Step>>, max_batch: usize) {
     let mut batch: Vec<Box<dyn Step>> = Vec::with_capacity(max_batch);
     let mut read_first = true;
-    while let Some(first) = rx.blocking_recv() {
+    while let Some(first) = rx.recv().await {
+        // The RPCs the runtime has ready queue their operations too.
+        tokio::task::yield_now().await;
         batch.push(first);
         while batch.len() < max_batch {
             match rx.try_recv() {
@@ -251,42 +318,142 @@ fn serve(
         }
         let mut settled = 0;
         if read_first {
-            // The plain reads of the batch share one read transaction (one
-            // snapshot, one round of WAL read locks).
-            let mut a = Access {
-                conn: &mut conn,
-                locked: false,
-            };
-            let snapshot = a.exec("BEGIN").is_ok();
-            let queued = batch.len();
-            batch.retain_mut(|op| !op.read(&mut a));
-            settled = queued - batch.len();
-            if snapshot {
-                let _ = a.exec("COMMIT");
-            }
+            settled = read_phase(&mut core.conn, &mut batch);
         }
         if !batch.is_empty() {
-            settled += commit_batch(&mut conn, &mut batch, commits, nudge);
+            let idle = match commit_batch(&mut core, &mut batch, false) {
+                Ended::Answered { idle } => idle,
+                Ended::Busy => {
+                    let waited = off_runtime(core, batch, |core, batch| core.wait_for_lock(batch));
+                    let Some((c, b, idle)) = waited.await else {
+                        return;
+                    };
+                    (core, batch) = (c, b);
+                    idle
+                }
+            };
+            settled += idle;
         }
         read_first = settled > 0;
         batch.clear();
+        if core.wal_is_long() {
+            let done = off_runtime(core, batch, |core, _| core.checkpoint());
+            let Some((c, b, ())) = done.await else {
+                return;
+            };
+            (core, batch) = (c, b);
+        }
     }
+}
+
+/// Runs `step` with the core and the batch on a blocking thread, and gives
+/// them back; `None` if the step was lost.
+async fn off_runtime<T: Send + 'static>(
+    mut core: Core,
+    mut batch: Vec<Box<dyn Step>>,
+    step: impl FnOnce(&mut Core, &mut Vec<Box<dyn Step>>) -> T + Send + 'static,
+) -> Option<(Core, Vec<Box<dyn Step>>, T)> {
+    let done = tokio::task::spawn_blocking(move || {
+        let out = step(&mut core, &mut batch);
+        (core, batch, out)
+    });
+    match done.await {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::error!(error = %e, "sqlite: the writer's blocking step was lost; the writer stops");
+            None
+        }
+    }
+}
+
+impl Core {
+    /// On a blocking thread: the batch's transaction, waiting up to
+    /// `busy_timeout` for the write lock.
+    fn wait_for_lock(&mut self, batch: &mut Vec<Box<dyn Step>>) -> usize {
+        // Should the handler not be set, the batch is answered busy at once:
+        // an answer, never a wrong one.
+        let _ = self.conn.busy_timeout(self.busy_timeout);
+        let idle = match commit_batch(self, batch, true) {
+            Ended::Answered { idle } => idle,
+            Ended::Busy => batch.len(),
+        };
+        let _ = self.conn.busy_timeout(Duration::ZERO);
+        idle
+    }
+
+    /// Whether the WAL holds [`CHECKPOINT_FRAMES`] frames or more: two
+    /// `pread`s of the WAL file (<https://sqlite.org/walformat.html>). A
+    /// frame belongs to the WAL's current generation when its header carries
+    /// the salts of the WAL's header, which change whenever the WAL starts
+    /// over; so the WAL is that long when the frame at that position carries
+    /// them. (`rusqlite` does not expose SQLite's WAL hook, which reports the
+    /// count after each commit.) A frame there left by a rolled-back
+    /// transaction only brings a checkpoint forward. `false` when the file
+    /// cannot be read: SQLite's backstop checkpoint bounds the WAL then.
+    fn wal_is_long(&mut self) -> bool {
+        use std::os::unix::fs::FileExt;
+        if self.wal.is_none() {
+            self.wal = std::fs::File::open(&self.wal_path).ok();
+        }
+        let Some(wal) = &self.wal else {
+            return false;
+        };
+        // Magic, format, page size, checkpoint sequence, salt-1, salt-2, checksum.
+        let mut header = [0u8; 32];
+        if wal.read_exact_at(&mut header, 0).is_err() {
+            return false;
+        }
+        let page = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
+        // Page number, database size, salt-1, salt-2, checksum.
+        let mut frame = [0u8; 24];
+        let at = 32 + u64::from(CHECKPOINT_FRAMES - 1) * (u64::from(page) + 24);
+        wal.read_exact_at(&mut frame, at).is_ok() && frame[8..16] == header[16..24]
+    }
+
+    /// On a blocking thread: copies the WAL back into the database file
+    /// (`PASSIVE`: it never waits for a reader; what a reader still needs is
+    /// copied next time).
+    fn checkpoint(&mut self) {
+        let res = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+            });
+        match res {
+            Ok((log, copied)) => tracing::debug!(log, copied, "sqlite: checkpoint"),
+            Err(e) => tracing::warn!(error = %e, "sqlite: the checkpoint failed"),
+        }
+    }
+}
+
+/// Answers what a plain read settles, in one read transaction (one snapshot,
+/// one round of WAL read locks); returns how many it answered.
+fn read_phase(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>) -> usize {
+    let mut a = Access {
+        conn,
+        locked: false,
+    };
+    let snapshot = a.exec("BEGIN").is_ok();
+    let queued = batch.len();
+    batch.retain_mut(|op| !op.read(&mut a));
+    if snapshot {
+        let _ = a.exec("COMMIT");
+    }
+    queued - batch.len()
 }
 
 /// Runs the batch in one transaction and answers it. A commit is counted
 /// before its operations are answered, so whoever holds an answer sees the
-/// commit that carried it in `commits`. Returns how many operations wrote
-/// nothing under the lock (a plain read might have answered them), or the
-/// batch's length when it did not commit.
-fn commit_batch(
-    conn: &mut Connection,
-    batch: &mut Vec<Box<dyn Step>>,
-    commits: &AtomicU64,
-    nudge: &flush::Nudge,
-) -> usize {
-    let mut a = Access { conn, locked: true };
+/// commit that carried it in `commits`. Without `may_wait`, a write lock
+/// held by another connection ends it [`Ended::Busy`], unanswered.
+fn commit_batch(core: &mut Core, batch: &mut Vec<Box<dyn Step>>, may_wait: bool) -> Ended {
+    let mut a = Access {
+        conn: &mut core.conn,
+        locked: true,
+    };
     let mut idle = 0;
     let end = match a.exec("BEGIN IMMEDIATE") {
+        Err(e) if !may_wait && locked_out(&e) => return Ended::Busy,
         Err(e) => Err(convert(e).to_string()),
         Ok(()) => {
             let broken = run_locked(&mut a, batch, &mut idle);
@@ -303,8 +470,8 @@ fn commit_batch(
         }
     };
     if end.is_ok() {
-        commits.fetch_add(1, Ordering::Relaxed);
-        nudge.commit();
+        core.commits.fetch_add(1, Ordering::Relaxed);
+        core.nudge.commit();
     }
     let end = end.as_ref().map(|_| ()).map_err(String::as_str);
     if end.is_err() {
@@ -313,7 +480,7 @@ fn commit_batch(
     for op in batch.drain(..) {
         op.reply(end);
     }
-    idle
+    Ended::Answered { idle }
 }
 
 /// Runs the batch under the lock. Returns why the whole transaction must be
@@ -382,20 +549,35 @@ fn run_in_savepoints(
 /// Translates rusqlite errors: a busy or locked database is `UNAVAILABLE`
 /// (retry), anything else a store error. Never a win.
 fn convert(e: rusqlite::Error) -> Error {
-    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
-    match e.sqlite_error_code() {
-        Some(DatabaseBusy) | Some(DatabaseLocked) => {
-            Error::Unavailable(format!("sqlite is busy: {e}"))
-        }
-        _ => Error::Store(format!("sqlite: {e}")),
+    if locked_out(&e) {
+        Error::Unavailable(format!("{BUSY}{e}"))
+    } else {
+        Error::Store(format!("sqlite: {e}"))
     }
 }
 
-/// Completes a [`RunAccess`] flow that never awaits (this thread's access).
+/// How every busy error's message starts ([`convert`], [`is_busy`]).
+const BUSY: &str = "sqlite is busy: ";
+
+/// A busy or locked database: another connection holds a lock.
+fn locked_out(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+    matches!(
+        e.sqlite_error_code(),
+        Some(DatabaseBusy) | Some(DatabaseLocked)
+    )
+}
+
+/// Whether `e` is [`convert`]'s answer to a busy or locked database.
+fn is_busy(e: &Error) -> bool {
+    matches!(e, Error::Unavailable(m) if m.starts_with(BUSY))
+}
+
+/// Completes a [`RunAccess`] flow that never awaits (the writer's access).
 pub(super) fn now<T>(flow: impl Future<Output = Result<T>>) -> Result<T> {
     flow.now_or_never().unwrap_or_else(|| {
         Err(Error::Store(
-            "sqlite: a store flow waited on the writer thread".into(),
+            "sqlite: a store flow waited in the writer".into(),
         ))
     })
 }
@@ -624,5 +806,45 @@ impl RunAccess for Access<'_> {
 
     async fn liveness(&mut self, holders: &[Holder]) -> Result<Vec<u64>> {
         self.read_liveness(holders)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plain read that meets a busy database settles nothing: the
+    /// operation is decided under the lock, which waits for the lock, and
+    /// answered from there. Any other error of a plain read is the answer.
+    #[tokio::test]
+    async fn a_busy_plain_read_is_decided_under_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(x);")
+            .unwrap();
+        let w = Writer::start(path.to_str().unwrap(), Duration::from_secs(1), MAX_BATCH).unwrap();
+        let busy = || {
+            convert(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(5),
+                None,
+            ))
+        };
+        assert!(is_busy(&busy()), "{:?}", busy());
+        let answer = w
+            .run(move |_, phase| match phase {
+                Phase::Read => Err(busy()),
+                Phase::Locked { .. } => Ok(Some("locked")),
+            })
+            .await;
+        assert_eq!(answer.unwrap(), "locked");
+        let answer = w
+            .run(|_, phase| match phase {
+                Phase::Read => Err(Error::Store("refused".into())),
+                Phase::Locked { .. } => Ok(Some(())),
+            })
+            .await;
+        assert!(matches!(answer, Err(Error::Store(_))), "{answer:?}");
     }
 }
