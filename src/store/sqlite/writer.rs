@@ -320,6 +320,7 @@ async fn serve(mut core: Core, mut rx: mpsc::Receiver<Box<dyn Step>>, max_batch:
         if read_first {
             settled = read_phase(&mut core.conn, &mut batch);
         }
+        let commits = core.commits.load(Ordering::Relaxed);
         if !batch.is_empty() {
             let idle = match commit_batch(&mut core, &mut batch, false) {
                 Ended::Answered { idle } => idle,
@@ -336,7 +337,8 @@ async fn serve(mut core: Core, mut rx: mpsc::Receiver<Box<dyn Step>>, max_batch:
         }
         read_first = settled > 0;
         batch.clear();
-        if core.wal_is_long() {
+        // Only a commit makes the WAL longer.
+        if core.commits.load(Ordering::Relaxed) != commits && core.wal_is_long() {
             let done = off_runtime(core, batch, |core, _| core.checkpoint());
             let Some((c, b, ())) = done.await else {
                 return;
