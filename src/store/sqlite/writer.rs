@@ -35,7 +35,7 @@
 //! **On the runtime, never blocked there.** A batch runs on the runtime's
 //! own thread, between the RPCs that fed it: no thread is woken to take an
 //! operation and none to take its answer back (round 20 in
-//! docs/BENCHMARKS.md: a fifth more claims at a fifth less CPU each). A
+//! docs/BENCHMARKS.md: a quarter more claims at a quarter less CPU each). A
 //! batch is CPU and the page cache: its WAL frames go to the page cache, the
 //! flusher thread ([`flush`]) syncs them. The two steps that may wait run on
 //! a blocking thread instead, the connection moved there and back, while new
