@@ -450,18 +450,21 @@ mod tests {
         let commits = s.writer.commits();
         let writes = async {
             waiting.await.unwrap();
-            let release = async {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            // The go comes from a thread of its own, not from a runtime
+            // timer: while the blocker holds a worker, the runtime's timers
+            // may not be driven at all (the other worker sleeps until it has
+            // a task), and the blocker would wait its whole 10 s.
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
                 go.send(()).unwrap();
-            };
+            });
             tokio::join!(
                 s.writer.run(meta_write("ok1", false)),
                 s.writer.run(meta_write("bad", true)),
                 s.writer.run(meta_write("ok2", false)),
-                release,
             )
         };
-        let (held, (ok1, bad, ok2, ())) = tokio::join!(blocker, writes);
+        let (held, (ok1, bad, ok2)) = tokio::join!(blocker, writes);
         held.unwrap();
         (s.writer.commits() - commits, [ok1, bad, ok2])
     }
