@@ -387,12 +387,16 @@ mod tests {
     use super::*;
 
     async fn store(dir: &tempfile::TempDir) -> SqliteStore {
-        store_with(dir, MAX_BATCH).await
+        store_with(dir, MAX_BATCH, &StoreOptions::default()).await
     }
 
-    async fn store_with(dir: &tempfile::TempDir, max_batch: usize) -> SqliteStore {
+    async fn store_with(
+        dir: &tempfile::TempDir,
+        max_batch: usize,
+        opts: &StoreOptions,
+    ) -> SqliteStore {
         let path = dir.path().join("a.db");
-        SqliteStore::open(path.to_str().unwrap(), max_batch, &StoreOptions::default())
+        SqliteStore::open(path.to_str().unwrap(), max_batch, opts)
             .await
             .unwrap()
     }
@@ -802,7 +806,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn max_batch_one_commits_every_write_on_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        let s = store_with(&dir, 1).await;
+        let s = store_with(&dir, 1, &StoreOptions::default()).await;
         let (commits, answers) = three_queued_writes(&s).await;
         // The failing write rolls its own transaction back: two commits.
         assert_eq!(commits, 2, "one transaction per write");
@@ -914,16 +918,14 @@ mod tests {
         }
     }
 
-    /// A store on `a.db` in `dir` whose writes wait `busy` for a lock.
+    /// A store on `a.db` in `dir` whose batches wait up to `busy` for
+    /// another connection's write lock.
     async fn store_busy(dir: &tempfile::TempDir, busy: Duration) -> SqliteStore {
-        let path = dir.path().join("a.db");
         let opts = StoreOptions {
             busy_timeout: busy,
             ..StoreOptions::default()
         };
-        SqliteStore::open(path.to_str().unwrap(), MAX_BATCH, &opts)
-            .await
-            .unwrap()
+        store_with(dir, MAX_BATCH, &opts).await
     }
 
     /// Another connection (another process on the file) that holds the
