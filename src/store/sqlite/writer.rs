@@ -287,17 +287,6 @@ struct Core {
     wal: Option<std::fs::File>,
 }
 
-/// How a batch's transaction ended.
-enum Ended {
-    /// Committed or failed, and answered: how many operations wrote nothing
-    /// under the lock (a plain read might have answered them), or the
-    /// batch's length when it did not commit.
-    Answered { idle: usize },
-    /// `BEGIN IMMEDIATE` found the write lock taken, and the batch may not
-    /// wait here: nothing ran, nobody was answered.
-    Busy,
-}
-
 /// The task: take what is queued, settle the reads, commit the rest as one
 /// transaction; wait for a lock or checkpoint off the runtime. It ends when
 /// the [`Writer`] is dropped, or if a blocking step is lost (its thread
@@ -322,9 +311,10 @@ async fn serve(mut core: Core, mut rx: mpsc::Receiver<Box<dyn Step>>, max_batch:
         }
         let commits = core.commits.load(Ordering::Relaxed);
         if !batch.is_empty() {
-            let idle = match commit_batch(&mut core, &mut batch, false) {
-                Ended::Answered { idle } => idle,
-                Ended::Busy => {
+            // No busy handler here: a lock held elsewhere returns at once,
+            // and the batch, not yet run, waits for it off the runtime.
+            let idle = match begin(&mut core.conn) {
+                Err(e) if locked_out(&e) => {
                     let waited = off_runtime(core, batch, |core, batch| core.wait_for_lock(batch));
                     let Some((c, b, idle)) = waited.await else {
                         return;
@@ -332,6 +322,7 @@ async fn serve(mut core: Core, mut rx: mpsc::Receiver<Box<dyn Step>>, max_batch:
                     (core, batch) = (c, b);
                     idle
                 }
+                begun => commit_batch(&mut core, &mut batch, begun),
             };
             settled += idle;
         }
@@ -375,10 +366,8 @@ impl Core {
         // Should the handler not be set, the batch is answered busy at once:
         // an answer, never a wrong one.
         let _ = self.conn.busy_timeout(self.busy_timeout);
-        let idle = match commit_batch(self, batch, true) {
-            Ended::Answered { idle } => idle,
-            Ended::Busy => batch.len(),
-        };
+        let begun = begin(&mut self.conn);
+        let idle = commit_batch(self, batch, begun);
         let _ = self.conn.busy_timeout(Duration::ZERO);
         idle
     }
@@ -444,18 +433,29 @@ fn read_phase(conn: &mut Connection, batch: &mut Vec<Box<dyn Step>>) -> usize {
     queued - batch.len()
 }
 
-/// Runs the batch in one transaction and answers it. A commit is counted
+/// Opens a batch's write transaction: takes the write lock, waiting for it
+/// as long as the connection's busy handler says.
+fn begin(conn: &mut Connection) -> rusqlite::Result<()> {
+    Access { conn, locked: true }.exec("BEGIN IMMEDIATE")
+}
+
+/// Runs the batch in the transaction [`begin`] opened (or answers it all
+/// with `begun`'s error), commits, and answers every operation; returns how
+/// many wrote nothing under the lock (a plain read might have answered
+/// them), or the batch's length when it did not commit. A commit is counted
 /// before its operations are answered, so whoever holds an answer sees the
-/// commit that carried it in `commits`. Without `may_wait`, a write lock
-/// held by another connection ends it [`Ended::Busy`], unanswered.
-fn commit_batch(core: &mut Core, batch: &mut Vec<Box<dyn Step>>, may_wait: bool) -> Ended {
+/// commit that carried it in `commits`.
+fn commit_batch(
+    core: &mut Core,
+    batch: &mut Vec<Box<dyn Step>>,
+    begun: rusqlite::Result<()>,
+) -> usize {
     let mut a = Access {
         conn: &mut core.conn,
         locked: true,
     };
     let mut idle = 0;
-    let end = match a.exec("BEGIN IMMEDIATE") {
-        Err(e) if !may_wait && locked_out(&e) => return Ended::Busy,
+    let end = match begun {
         Err(e) => Err(convert(e).to_string()),
         Ok(()) => {
             let broken = run_locked(&mut a, batch, &mut idle);
@@ -482,7 +482,7 @@ fn commit_batch(core: &mut Core, batch: &mut Vec<Box<dyn Step>>, may_wait: bool)
     for op in batch.drain(..) {
         op.reply(end);
     }
-    Ended::Answered { idle }
+    idle
 }
 
 /// Runs the batch under the lock. Returns why the whole transaction must be
