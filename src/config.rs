@@ -141,8 +141,9 @@ config_keys! {
     /// SQLite: how long a writer waits for the lock.
     busy_timeout_ms: u64 = 5_000, flag Option<u64>, "N";
     /// Worker threads of the async runtime (0: one per core this process may
-    /// use, as its CPU quota allows). The SQLite writer and the blocking pool
-    /// are extra threads.
+    /// use, as its CPU quota allows). The SQLite writer's batches run on it;
+    /// the WAL flusher and the blocking pool (a SQLite lock wait, the
+    /// checkpoint) are extra threads.
     worker_threads: usize = 1, flag Option<usize>, "N";
     /// How long SIGTERM waits for in-flight requests.
     drain_ms: u64 = 5_000, flag Option<u64>, "N";
