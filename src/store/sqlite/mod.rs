@@ -949,8 +949,7 @@ mod tests {
             other.execute_batch("COMMIT").unwrap();
             ticks
         };
-        let (written, ticks) = tokio::join!(s.writer.run(meta_write("k", false)), ticker);
-        (written, ticks)
+        tokio::join!(s.writer.run(meta_write("k", false)), ticker)
     }
 
     /// A write lock held by another connection is waited for off the

@@ -119,14 +119,15 @@ impl Writer {
         let (tx, rx) = mpsc::channel(QUEUE);
         let commits = Arc::new(AtomicU64::new(0));
         let flushes = Arc::new(AtomicU64::new(0));
-        let nudge = flush::start(format!("{path}-wal"), flushes.clone())
+        let wal_path = format!("{path}-wal");
+        let nudge = flush::start(wal_path.clone(), flushes.clone())
             .map_err(|e| Error::Store(format!("cannot start the sqlite writer's flusher: {e}")))?;
         let core = Core {
             conn,
             commits: commits.clone(),
             nudge,
             busy_timeout,
-            wal_path: format!("{path}-wal"),
+            wal_path,
             wal: None,
         };
         runtime.spawn(serve(core, rx, max_batch.clamp(1, MAX_BATCH)));
