@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # PostgreSQL's own CPU per claim for two versions of the claim functions,
-# measured with pgbench and alternated (docs/BENCHMARKS.md, issue 19 rounds 11
-# and 12). No sidecar runs: pgbench calls `PREFIX_claim_batch` (14 arguments,
-# straight to the lock) with N claims of new slots per call, and the CPU of
-# every PostgreSQL process (the postmaster's reaped children included) is read
-# from /proc before and after each run, so PostgreSQL must run on this host.
+# measured with pgbench and alternated (docs/BENCHMARKS.md, issue 19 rounds 11,
+# 12 and 22). No sidecar runs: pgbench calls `PREFIX_claim_batch` (14
+# arguments, straight to the lock; FUNCTION picks another batch function of
+# the same arguments) with N claims of new slots per call, each of its own
+# job, and the CPU of every PostgreSQL process (the postmaster's reaped
+# children included) is read from /proc before and after each run, so
+# PostgreSQL must run on this host.
 #
 #   scripts/pgbench-claim.sh [ROUNDS]         # default 3
 #
 # Environment:
 #   OLD=8           the "old" prefix gets migrations 1..OLD; the "new" one all
+#   FUNCTION=claim_batch  the batch function called (claim_batch_whole: the
+#                   batch without subtransactions, migrations 10 and 11)
 #   BATCHES="1 4 16"  claims per call
 #   SECONDS_PER_RUN=8, CLIENTS=4 (pgbench -c), PGHOST=127.0.0.1, PGUSER=postgres,
 #   PGDATABASE=test
@@ -21,6 +25,7 @@ old=${OLD:-8}
 read -r -a batches <<<"${BATCHES:-1 4 16}"
 secs=${SECONDS_PER_RUN:-8}
 clients=${CLIENTS:-4}
+function=${FUNCTION:-claim_batch}
 export PGHOST=${PGHOST:-127.0.0.1} PGUSER=${PGUSER:-postgres} PGDATABASE=${PGDATABASE:-test}
 command -v pgbench >/dev/null || { echo "pgbench is needed (Debian: postgresql-client)" >&2; exit 2; }
 tmp=$(mktemp -d)
@@ -49,15 +54,15 @@ repeat() { # N V: V, N times, comma-separated
   echo "$out"
 }
 
-script() { # PREFIX N: one call of PREFIX_claim_batch with N claims of new slots
+script() { # PREFIX N: one call of PREFIX_FUNCTION with N claims of new slots
   local n=$2 k jobs="" slots="" sets=""
   for ((k = 0; k < n; k++)); do
     sets+="\\set s$k random(1, 9000000000000000)"$'\n'
     jobs+="${jobs:+,}'j'||:client_id||'-$k'"
     slots+="${slots:+,}:s$k"
   done
-  printf '%sSELECT count(*) FROM %s_claim_batch(array[%s], array[%s]::bigint[], array[%s]::text[], '"'node'"', 1, array[%s]::bigint[], array[%s]::bigint[], array[%s]::boolean[], array[%s]::bigint[], '"'{}'"'::text[], '"'{}'"'::bigint[], '"'{}'"'::text[], '"'{}'"'::bigint[], true);\n' \
-    "$sets" "$1" "$jobs" "$slots" "$(repeat "$n" "'tok'")" "$(repeat "$n" 60000)" \
+  printf '%sSELECT count(*) FROM %s_%s(array[%s], array[%s]::bigint[], array[%s]::text[], '"'node'"', 1, array[%s]::bigint[], array[%s]::bigint[], array[%s]::boolean[], array[%s]::bigint[], '"'{}'"'::text[], '"'{}'"'::bigint[], '"'{}'"'::text[], '"'{}'"'::bigint[], true);\n' \
+    "$sets" "$1" "$function" "$jobs" "$slots" "$(repeat "$n" "'tok'")" "$(repeat "$n" 60000)" \
     "$(repeat "$n" 9000000000000000000)" "$(repeat "$n" false)" "$(repeat "$n" 3)"
 }
 
@@ -72,7 +77,7 @@ pg_ticks() { # CPU ticks of every postgres process, with the reaped children
 }
 hz=$(getconf CLK_TCK)
 
-echo "pgbench-claim: migrations 1..$old against all, $clients clients, $secs s per run; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "pgbench-claim: ${function}, migrations 1..$old against all, $clients clients, $secs s per run; load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-8s %-8s %12s %16s\n' version claims claims/s "pg µs/claim"
 for ((r = 1; r <= rounds; r++)); do
   for n in "${batches[@]}"; do

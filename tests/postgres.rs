@@ -421,7 +421,8 @@ async fn pg_store(url: &str) -> store::PostgresStore {
 /// the stored run must be exactly what the decision table says. Every other
 /// case of the function and of group commit follows a call in which every
 /// claim won, so it goes straight to the locked pass (`p_lock_first`); the
-/// rest read before the lock.
+/// rest read before the lock. A batch that goes straight to the lock writes
+/// its new runs set-wise and decides the rest one by one (migration 0011).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_paths_agree_with_the_decision_table() {
     if !pg::available() {
@@ -646,6 +647,123 @@ async fn group_commit_decides_each_claim_on_what_came_before() {
         spec(&b, t + 9, &me),
         spec(&c, t + 9, &me),
     ];
+    let got = s.claim_batch(&batch, &none).await;
+    assert_eq!(got[0].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
+    assert!(
+        matches!(&got[1], Err(anarchon::Error::Store(m)) if m.contains("refuse_b")),
+        "{got:?}"
+    );
+    assert_eq!(got[2].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
+    for (j, want) in [(&a, true), (&b, false), (&c, true)] {
+        let runs = s.history(j, 10, None).await.unwrap().runs;
+        assert_eq!(runs.iter().any(|r| r.slot_ms == t + 9), want, "{j}");
+    }
+    pg::drop_tables(&prefix).await;
+}
+
+/// A batch that goes straight to the lock, with no job twice, writes its new
+/// runs set-wise (migration 0011: one statement draws every job's number,
+/// one writes every run that would be decided `insert`). The claims it
+/// cannot write that way (a run that exists, a late slot, an overlap check)
+/// hand their number back and are decided one by one, so every answer and
+/// every job's counter is what one call per claim gives: the numbers below
+/// are those of `a_stream_of_wins_sends_the_next_claim_straight_to_the_lock`.
+/// A batch with a job twice is decided one call per claim. A claim the
+/// database refuses in the set-wise statement fails alone: the batch runs
+/// again, one subtransaction per claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let s = pg_store(&pg::backend(&prefix)).await;
+    let admin = pg::admin().await;
+    let none = DeadHolders::none();
+    let t = host_now_ms();
+    let (me, other) = (holder("me", 1), holder("other", 1));
+    let (a, b, c, d) = (job("si-a"), job("si-b"), job("si-c"), job("si-d"));
+    let outcomes = |got: &[anarchon::Result<ClaimAnswer>]| -> Vec<(Outcome, u64)> {
+        got.iter()
+            .map(|g| {
+                let g = g.as_ref().unwrap();
+                (g.outcome, g.fencing)
+            })
+            .collect()
+    };
+
+    // The store's first call reads before the lock; every claim wins, so
+    // the second goes straight to it, set-wise.
+    for (n, slot) in [t, t + 1].into_iter().enumerate() {
+        let wins: Vec<ClaimSpec> = [&a, &b, &c].map(|j| spec(j, slot, &me)).into();
+        let got = s.claim_batch(&wins, &none).await;
+        assert_eq!(outcomes(&got), [(Outcome::Won, n as u64 + 1); 3]);
+    }
+    for j in [&a, &b, &c] {
+        assert_eq!(fence_of(&admin, &prefix, j).await, 2, "{j}");
+    }
+
+    // Straight to the lock again: a new slot (written set-wise), a slot
+    // held by another (its run exists), a late slot, and a first claim that
+    // makes an overlap check.
+    let mut late = spec(&c, t - 120_000, &other);
+    late.max_late_ms = 1_000;
+    let mut skip = spec(&d, t, &me);
+    skip.overlap = Overlap::Skip;
+    let batch = vec![spec(&a, t + 2, &me), spec(&b, t + 1, &other), late, skip];
+    let got = s.claim_batch(&batch, &none).await;
+    assert_eq!(
+        outcomes(&got)
+            .iter()
+            .map(|&(o, f)| (o, if o == Outcome::Won { f } else { 0 }))
+            .collect::<Vec<_>>(),
+        [
+            (Outcome::Won, 3),
+            (Outcome::Running, 0),
+            (Outcome::Late, 0),
+            (Outcome::Won, 1)
+        ]
+    );
+    assert_eq!(got[1].as_ref().unwrap().holder, Some(me.clone()));
+    // Each claim decided under the lock drew exactly one number.
+    for (j, want) in [(&a, 3), (&b, 3), (&c, 3), (&d, 1)] {
+        assert_eq!(fence_of(&admin, &prefix, j).await, want, "{j}");
+    }
+    let runs = s.history(&b, 10, None).await.unwrap().runs;
+    let held = runs.iter().find(|r| r.slot_ms == t + 1).unwrap();
+    assert_eq!((&held.holder, held.fencing), (&me, 2), "{runs:?}");
+
+    // After a call in which every claim won: one job twice, decided one by
+    // one (consecutive numbers, the second sees the first).
+    let got = s.claim_batch(&[spec(&c, t + 3, &me)], &none).await;
+    assert_eq!(outcomes(&got), [(Outcome::Won, 4)]);
+    let twice = vec![
+        spec(&a, t + 4, &me),
+        spec(&a, t + 4, &other),
+        spec(&a, t + 5, &me),
+        spec(&b, t + 4, &me),
+    ];
+    let got = s.claim_batch(&twice, &none).await;
+    assert_eq!(
+        got.iter()
+            .map(|g| g.as_ref().unwrap().outcome)
+            .collect::<Vec<_>>(),
+        [Outcome::Won, Outcome::Running, Outcome::Won, Outcome::Won]
+    );
+    assert_eq!(got[0].as_ref().unwrap().fencing, 4);
+    assert_eq!(got[2].as_ref().unwrap().fencing, 6, "{got:?}");
+
+    // After a call in which every claim won: a claim the database refuses.
+    let got = s.claim_batch(&[spec(&d, t + 8, &me)], &none).await;
+    assert_eq!(outcomes(&got), [(Outcome::Won, 2)]);
+    sqlx::query(&format!(
+        "ALTER TABLE {prefix}_runs ADD CONSTRAINT refuse_b CHECK (job <> '{b}' OR slot_ms <> {})",
+        t + 9
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    let batch: Vec<ClaimSpec> = [&a, &b, &c].map(|j| spec(j, t + 9, &me)).into();
     let got = s.claim_batch(&batch, &none).await;
     assert_eq!(got[0].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
     assert!(

@@ -60,7 +60,8 @@ async fn drop_prefix(pool: &sqlx::PgPool, prefix: &str) -> sqlx::Result<()> {
     sqlx::raw_sql(&format!(
         "DO $$ DECLARE f regprocedure; BEGIN
            FOR f IN SELECT oid::regprocedure FROM pg_proc
-             WHERE proname IN ('{prefix}_claim', '{prefix}_claim_batch', '{prefix}_holder_dead')
+             WHERE proname IN ('{prefix}_claim', '{prefix}_claim_batch',
+                               '{prefix}_claim_batch_whole', '{prefix}_holder_dead')
                AND pronamespace = current_schema()::regnamespace
            LOOP EXECUTE 'DROP FUNCTION IF EXISTS ' || f::text || ' CASCADE'; END LOOP;
          END $$;

@@ -32,7 +32,10 @@
 //! win turns the read back on for the next call. Either way the decision is
 //! the one taken under the job's lock. There, a claim that is not late and
 //! makes no overlap check writes its run first and is decided `insert` if
-//! the row was missing (`0009_claim_insert_first.sql`).
+//! the row was missing (`0009_claim_insert_first.sql`). A batch that goes
+//! straight to the lock with no job twice does that for all its claims at
+//! once, in two statements, and decides only the rest one call per claim
+//! (`0011_claim_batch_set_insert.sql`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

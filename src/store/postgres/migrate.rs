@@ -60,6 +60,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "claim_batch_whole",
         include_str!("../../../migrations/postgres/0010_claim_batch_whole.sql"),
     ),
+    (
+        11,
+        "claim_batch_set_insert",
+        include_str!("../../../migrations/postgres/0011_claim_batch_set_insert.sql"),
+    ),
 ];
 
 /// The advisory lock key that serialises the migrations of one prefix.
