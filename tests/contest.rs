@@ -27,6 +27,15 @@ macro_rules! contest {
 
 contest!(sqlite_three_processes_one_file, Backend::sqlite());
 contest!(postgres_three_processes, Backend::postgres());
+// Slots of 16 jobs, each slot claimed once through each sidecar: batches of
+// different jobs, which go set-wise after a call of wins (migration 11) and
+// meet the other sidecars' rows.
+contest!(
+    postgres_three_processes_sixteen_jobs,
+    Backend::postgres(),
+    jobs: 16,
+    spread: 16,
+);
 contest!(redis_lease_three_processes, Backend::redis("lease"));
 // stream-id expects each job's slots in increasing order, so every claimer
 // claims every slot in order (`spread: 1`): whoever claims slot n has

@@ -778,6 +778,84 @@ async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
     pg::drop_tables(&prefix).await;
 }
 
+/// Three stores (three sidecars' worth of connections) race batches of the
+/// same new slots of eight jobs, each batch straight to the lock (a call in
+/// which every claim won comes first), so each goes set-wise and meets the
+/// others' rows: every slot has exactly one `WON`, every other claim of it
+/// is `RUNNING` with the winner as holder, the stored run is the winner's,
+/// and each job's winners hold rising fencing numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn set_wise_batches_racing_for_the_same_slots_have_one_winner_each() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let url = pg::backend(&prefix);
+    let stores = Arc::new([
+        pg_store(&url).await,
+        pg_store(&url).await,
+        pg_store(&url).await,
+    ]);
+    let none = DeadHolders::none();
+    let jobs: Vec<Job> = (0..8).map(|n| job(&format!("race-{n}"))).collect();
+    let warm = job("race-warm");
+    let t = host_now_ms();
+    let mut last_fence: HashMap<Job, u64> = HashMap::new();
+    for round in 0..40i64 {
+        let mut racers = Vec::new();
+        for (k, s) in stores.iter().enumerate() {
+            let me = holder(&format!("s{k}"), 1);
+            let got = s
+                .claim(&spec(&warm, t + round * 3 + k as i64, &me), &none)
+                .await;
+            assert_eq!(got.unwrap().outcome, Outcome::Won);
+            let specs: Vec<ClaimSpec> = jobs.iter().map(|j| spec(j, t + round, &me)).collect();
+            let stores = stores.clone();
+            racers.push(tokio::spawn(async move {
+                let got = stores[k].claim_batch(&specs, &DeadHolders::none()).await;
+                (me, got)
+            }));
+        }
+        let mut winners: HashMap<Job, (Holder, u64)> = HashMap::new();
+        let mut answers = Vec::new();
+        for r in racers {
+            let (me, got) = r.await.unwrap();
+            for (j, a) in jobs.iter().zip(got) {
+                let a = a.unwrap();
+                if a.outcome == Outcome::Won {
+                    let again = winners.insert(j.clone(), (me.clone(), a.fencing));
+                    assert!(again.is_none(), "round {round}: two winners of {j}");
+                }
+                answers.push((j.clone(), me.clone(), a));
+            }
+        }
+        assert_eq!(
+            winners.len(),
+            jobs.len(),
+            "round {round}: a slot without a winner"
+        );
+        for (j, me, a) in &answers {
+            let (winner, _) = &winners[j];
+            if me != winner {
+                assert_eq!(a.outcome, Outcome::Running, "round {round} {j}: {a:?}");
+                assert_eq!(a.holder.as_ref(), Some(winner), "round {round} {j}");
+            }
+        }
+        for j in &jobs {
+            let (winner, fencing) = &winners[j];
+            let runs = stores[0].history(j, 1, None).await.unwrap().runs;
+            assert_eq!(
+                (&runs[0].holder, runs[0].fencing),
+                (winner, *fencing),
+                "{j}"
+            );
+            let before = last_fence.insert(j.clone(), *fencing).unwrap_or(0);
+            assert!(*fencing > before, "{j}: fencing {fencing} after {before}");
+        }
+    }
+    pg::drop_tables(&prefix).await;
+}
+
 /// One claim as a client that resends with the same token after
 /// `UNAVAILABLE` (what the protocol tells clients to do).
 #[derive(Debug, Default)]

@@ -136,6 +136,8 @@ pub struct Contest {
     pub slots: i64,
     /// Each slot is claimed by claimers/`spread` claimers.
     pub spread: usize,
+    /// Slot `i` is of job `i % jobs` (1: every slot of one job).
+    pub jobs: i64,
     pub extra_flags: Vec<String>,
 }
 
@@ -146,6 +148,7 @@ impl Default for Contest {
             claimers: 48,
             slots: 2000,
             spread: 4,
+            jobs: 1,
             extra_flags: Vec::new(),
         }
     }
@@ -198,7 +201,7 @@ impl Contest {
         for c in 0..self.claimers {
             let addr = sidecars[c % sidecars.len()].addr;
             let (job, wins, outcomes) = (job.clone(), wins.clone(), outcomes.clone());
-            let (slots, spread) = (self.slots, self.spread as i64);
+            let (slots, spread, jobs) = (self.slots, self.spread as i64, self.jobs.max(1));
             tasks.push(tokio::spawn(async move {
                 let mut cl = super::claims_client(addr).await;
                 let mut n = 0usize;
@@ -208,7 +211,11 @@ impl Contest {
                     }
                     let r = cl
                         .claim(pb::ClaimRequest {
-                            job: job.clone(),
+                            job: if jobs == 1 {
+                                job.clone()
+                            } else {
+                                format!("{job}-{}", i % jobs)
+                            },
                             slot_ms: base + i,
                             ..Default::default()
                         })
