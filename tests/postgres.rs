@@ -635,30 +635,41 @@ async fn group_commit_decides_each_claim_on_what_came_before() {
     );
 
     // A claim the database refuses fails alone.
+    a_refused_claim_fails_alone(&s, &admin, &prefix, [&a, &b, &c], t + 9, &me).await;
+    pg::drop_tables(&prefix).await;
+}
+
+/// Makes the database refuse the second job's run at `slot` (a CHECK
+/// constraint added by hand), claims `slot` of all three jobs in one batch,
+/// and checks that the refused claim fails alone: the other two win and
+/// their runs are written, the refused one's is not.
+async fn a_refused_claim_fails_alone(
+    s: &store::PostgresStore,
+    admin: &sqlx::PgPool,
+    prefix: &str,
+    jobs: [&Job; 3],
+    slot: i64,
+    me: &Holder,
+) {
     sqlx::query(&format!(
-        "ALTER TABLE {prefix}_runs ADD CONSTRAINT refuse_b CHECK (job <> '{b}' OR slot_ms <> {})",
-        t + 9
+        "ALTER TABLE {prefix}_runs ADD CONSTRAINT refuse_b CHECK (job <> '{}' OR slot_ms <> {slot})",
+        jobs[1]
     ))
-    .execute(&admin)
+    .execute(admin)
     .await
     .unwrap();
-    let batch = vec![
-        spec(&a, t + 9, &me),
-        spec(&b, t + 9, &me),
-        spec(&c, t + 9, &me),
-    ];
-    let got = s.claim_batch(&batch, &none).await;
+    let batch: Vec<ClaimSpec> = jobs.map(|j| spec(j, slot, me)).into();
+    let got = s.claim_batch(&batch, &DeadHolders::none()).await;
     assert_eq!(got[0].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
     assert!(
         matches!(&got[1], Err(anarchon::Error::Store(m)) if m.contains("refuse_b")),
         "{got:?}"
     );
     assert_eq!(got[2].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
-    for (j, want) in [(&a, true), (&b, false), (&c, true)] {
+    for (j, want) in jobs.into_iter().zip([true, false, true]) {
         let runs = s.history(j, 10, None).await.unwrap().runs;
-        assert_eq!(runs.iter().any(|r| r.slot_ms == t + 9), want, "{j}");
+        assert_eq!(runs.iter().any(|r| r.slot_ms == slot), want, "{j}");
     }
-    pg::drop_tables(&prefix).await;
 }
 
 /// A batch that goes straight to the lock, with no job twice, writes its new
@@ -756,25 +767,7 @@ async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
     // After a call in which every claim won: a claim the database refuses.
     let got = s.claim_batch(&[spec(&d, t + 8, &me)], &none).await;
     assert_eq!(outcomes(&got), [(Outcome::Won, 2)]);
-    sqlx::query(&format!(
-        "ALTER TABLE {prefix}_runs ADD CONSTRAINT refuse_b CHECK (job <> '{b}' OR slot_ms <> {})",
-        t + 9
-    ))
-    .execute(&admin)
-    .await
-    .unwrap();
-    let batch: Vec<ClaimSpec> = [&a, &b, &c].map(|j| spec(j, t + 9, &me)).into();
-    let got = s.claim_batch(&batch, &none).await;
-    assert_eq!(got[0].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
-    assert!(
-        matches!(&got[1], Err(anarchon::Error::Store(m)) if m.contains("refuse_b")),
-        "{got:?}"
-    );
-    assert_eq!(got[2].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
-    for (j, want) in [(&a, true), (&b, false), (&c, true)] {
-        let runs = s.history(j, 10, None).await.unwrap().runs;
-        assert_eq!(runs.iter().any(|r| r.slot_ms == t + 9), want, "{j}");
-    }
+    a_refused_claim_fails_alone(&s, &admin, &prefix, [&a, &b, &c], t + 9, &me).await;
     pg::drop_tables(&prefix).await;
 }
 
