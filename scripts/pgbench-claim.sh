@@ -13,7 +13,7 @@
 # Environment:
 #   OLD=8           the "old" prefix gets migrations 1..OLD; the "new" one all
 #   FUNCTION=claim_batch  the batch function called (claim_batch_whole: the
-#                   batch without subtransactions, migrations 10 and 11)
+#                   batch without subtransactions, migrations 10 to 12)
 #   BATCHES="1 4 16"  claims per call
 #   SECONDS_PER_RUN=8, CLIENTS=4 (pgbench -c), PGHOST=127.0.0.1, PGUSER=postgres,
 #   PGDATABASE=test

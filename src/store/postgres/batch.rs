@@ -32,10 +32,12 @@
 //! win turns the read back on for the next call. Either way the decision is
 //! the one taken under the job's lock. There, a claim that is not late and
 //! makes no overlap check writes its run first and is decided `insert` if
-//! the row was missing (`0009_claim_insert_first.sql`). A batch that goes
-//! straight to the lock with no job twice does that for all its claims at
-//! once, in two statements, and decides only the rest one call per claim
-//! (`0011_claim_batch_set_insert.sql`).
+//! the row was missing (`0009_claim_insert_first.sql`). A batch of five
+//! claims or more that goes straight to the lock with no job twice does
+//! that for all its claims at once, in two statements, and decides only the
+//! rest one call per claim (`0011_claim_batch_set_insert.sql`; smaller
+//! batches cost PostgreSQL less one call per claim,
+//! `0012_claim_batch_set_wise_from_five.sql`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -65,6 +65,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "claim_batch_set_insert",
         include_str!("../../../migrations/postgres/0011_claim_batch_set_insert.sql"),
     ),
+    (
+        12,
+        "claim_batch_set_wise_from_five",
+        include_str!("../../../migrations/postgres/0012_claim_batch_set_wise_from_five.sql"),
+    ),
 ];
 
 /// The advisory lock key that serialises the migrations of one prefix.
