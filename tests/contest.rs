@@ -28,8 +28,8 @@ macro_rules! contest {
 contest!(sqlite_three_processes_one_file, Backend::sqlite());
 contest!(postgres_three_processes, Backend::postgres());
 // Slots of 16 jobs, each slot claimed once through each sidecar: batches of
-// different jobs, which go set-wise after a call of wins (migration 11) and
-// meet the other sidecars' rows.
+// different jobs, which go set-wise after a call of wins (migration 11; from
+// five claims up, migration 12) and meet the other sidecars' rows.
 contest!(
     postgres_three_processes_sixteen_jobs,
     Backend::postgres(),

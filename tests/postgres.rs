@@ -421,8 +421,9 @@ async fn pg_store(url: &str) -> store::PostgresStore {
 /// the stored run must be exactly what the decision table says. Every other
 /// case of the function and of group commit follows a call in which every
 /// claim won, so it goes straight to the locked pass (`p_lock_first`); the
-/// rest read before the lock. A batch that goes straight to the lock writes
-/// its new runs set-wise and decides the rest one by one (migration 0011).
+/// rest read before the lock. A batch that goes straight to the lock (ten
+/// claims here, five or more needed) writes its new runs set-wise and
+/// decides the rest one by one (migrations 0011 and 0012).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_paths_agree_with_the_decision_table() {
     if !pg::available() {
@@ -635,19 +636,19 @@ async fn group_commit_decides_each_claim_on_what_came_before() {
     );
 
     // A claim the database refuses fails alone.
-    a_refused_claim_fails_alone(&s, &admin, &prefix, [&a, &b, &c], t + 9, &me).await;
+    a_refused_claim_fails_alone(&s, &admin, &prefix, &[&a, &b, &c], t + 9, &me).await;
     pg::drop_tables(&prefix).await;
 }
 
 /// Makes the database refuse the second job's run at `slot` (a CHECK
-/// constraint added by hand), claims `slot` of all three jobs in one batch,
-/// and checks that the refused claim fails alone: the other two win and
-/// their runs are written, the refused one's is not.
+/// constraint added by hand), claims `slot` of every job in one batch, and
+/// checks that the refused claim fails alone: the others win and their runs
+/// are written, the refused one's is not.
 async fn a_refused_claim_fails_alone(
     s: &store::PostgresStore,
     admin: &sqlx::PgPool,
     prefix: &str,
-    jobs: [&Job; 3],
+    jobs: &[&Job],
     slot: i64,
     me: &Holder,
 ) {
@@ -658,23 +659,29 @@ async fn a_refused_claim_fails_alone(
     .execute(admin)
     .await
     .unwrap();
-    let batch: Vec<ClaimSpec> = jobs.map(|j| spec(j, slot, me)).into();
+    let batch: Vec<ClaimSpec> = jobs.iter().map(|j| spec(j, slot, me)).collect();
     let got = s.claim_batch(&batch, &DeadHolders::none()).await;
-    assert_eq!(got[0].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
-    assert!(
-        matches!(&got[1], Err(anarchon::Error::Store(m)) if m.contains("refuse_b")),
-        "{got:?}"
-    );
-    assert_eq!(got[2].as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
-    for (j, want) in jobs.into_iter().zip([true, false, true]) {
+    assert_eq!(got.len(), jobs.len());
+    for (n, (j, g)) in jobs.iter().zip(&got).enumerate() {
+        if n == 1 {
+            assert!(
+                matches!(g, Err(anarchon::Error::Store(m)) if m.contains("refuse_b")),
+                "{got:?}"
+            );
+        } else {
+            assert_eq!(g.as_ref().unwrap().outcome, Outcome::Won, "{got:?}");
+        }
         let runs = s.history(j, 10, None).await.unwrap().runs;
-        assert_eq!(runs.iter().any(|r| r.slot_ms == slot), want, "{j}");
+        assert_eq!(runs.iter().any(|r| r.slot_ms == slot), n != 1, "{j}");
     }
 }
 
-/// A batch that goes straight to the lock, with no job twice, writes its new
-/// runs set-wise (migration 0011: one statement draws every job's number,
-/// one writes every run that would be decided `insert`). The claims it
+/// A batch of five claims or more that goes straight to the lock, with no
+/// job twice, writes its new runs set-wise (migrations 0011 and 0012: one
+/// statement draws every job's number, one writes every run that would be
+/// decided `insert`). Every batch below that should go set-wise has five
+/// claims, the fewest that do; `e` and `f` only make up the number. The
+/// claims it
 /// cannot write that way (a run that exists, a late slot, an overlap check)
 /// hand their number back and are decided one by one, so every answer and
 /// every job's counter is what one call per claim gives: the numbers below
@@ -694,6 +701,7 @@ async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
     let t = host_now_ms();
     let (me, other) = (holder("me", 1), holder("other", 1));
     let (a, b, c, d) = (job("si-a"), job("si-b"), job("si-c"), job("si-d"));
+    let (e, f) = (job("si-e"), job("si-f"));
     let outcomes = |got: &[anarchon::Result<ClaimAnswer>]| -> Vec<(Outcome, u64)> {
         got.iter()
             .map(|g| {
@@ -706,11 +714,11 @@ async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
     // The store's first call reads before the lock; every claim wins, so
     // the second goes straight to it, set-wise.
     for (n, slot) in [t, t + 1].into_iter().enumerate() {
-        let wins: Vec<ClaimSpec> = [&a, &b, &c].map(|j| spec(j, slot, &me)).into();
+        let wins: Vec<ClaimSpec> = [&a, &b, &c, &e, &f].map(|j| spec(j, slot, &me)).into();
         let got = s.claim_batch(&wins, &none).await;
-        assert_eq!(outcomes(&got), [(Outcome::Won, n as u64 + 1); 3]);
+        assert_eq!(outcomes(&got), [(Outcome::Won, n as u64 + 1); 5]);
     }
-    for j in [&a, &b, &c] {
+    for j in [&a, &b, &c, &e, &f] {
         assert_eq!(fence_of(&admin, &prefix, j).await, 2, "{j}");
     }
 
@@ -721,7 +729,13 @@ async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
     late.max_late_ms = 1_000;
     let mut skip = spec(&d, t, &me);
     skip.overlap = Overlap::Skip;
-    let batch = vec![spec(&a, t + 2, &me), spec(&b, t + 1, &other), late, skip];
+    let batch = vec![
+        spec(&a, t + 2, &me),
+        spec(&b, t + 1, &other),
+        late,
+        skip,
+        spec(&e, t + 2, &me),
+    ];
     let got = s.claim_batch(&batch, &none).await;
     assert_eq!(
         outcomes(&got)
@@ -732,12 +746,13 @@ async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
             (Outcome::Won, 3),
             (Outcome::Running, 0),
             (Outcome::Late, 0),
-            (Outcome::Won, 1)
+            (Outcome::Won, 1),
+            (Outcome::Won, 3)
         ]
     );
     assert_eq!(got[1].as_ref().unwrap().holder, Some(me.clone()));
     // Each claim decided under the lock drew exactly one number.
-    for (j, want) in [(&a, 3), (&b, 3), (&c, 3), (&d, 1)] {
+    for (j, want) in [(&a, 3), (&b, 3), (&c, 3), (&d, 1), (&e, 3)] {
         assert_eq!(fence_of(&admin, &prefix, j).await, want, "{j}");
     }
     let runs = s.history(&b, 10, None).await.unwrap().runs;
@@ -753,13 +768,20 @@ async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
         spec(&a, t + 4, &other),
         spec(&a, t + 5, &me),
         spec(&b, t + 4, &me),
+        spec(&e, t + 4, &me),
     ];
     let got = s.claim_batch(&twice, &none).await;
     assert_eq!(
         got.iter()
             .map(|g| g.as_ref().unwrap().outcome)
             .collect::<Vec<_>>(),
-        [Outcome::Won, Outcome::Running, Outcome::Won, Outcome::Won]
+        [
+            Outcome::Won,
+            Outcome::Running,
+            Outcome::Won,
+            Outcome::Won,
+            Outcome::Won
+        ]
     );
     assert_eq!(got[0].as_ref().unwrap().fencing, 4);
     assert_eq!(got[2].as_ref().unwrap().fencing, 6, "{got:?}");
@@ -767,7 +789,60 @@ async fn a_batch_of_new_slots_is_written_at_once_and_the_rest_one_by_one() {
     // After a call in which every claim won: a claim the database refuses.
     let got = s.claim_batch(&[spec(&d, t + 8, &me)], &none).await;
     assert_eq!(outcomes(&got), [(Outcome::Won, 2)]);
-    a_refused_claim_fails_alone(&s, &admin, &prefix, [&a, &b, &c], t + 9, &me).await;
+    a_refused_claim_fails_alone(&s, &admin, &prefix, &[&a, &b, &c, &e, &f], t + 9, &me).await;
+    pg::drop_tables(&prefix).await;
+}
+
+/// Migration 12 rewrites migration 11's batch function from the catalog,
+/// changing only the size from which a batch goes set-wise. The live
+/// function holds the new condition and not the old, and the migration run
+/// again (the condition it replaces is gone) fails instead of changing
+/// nothing in silence, leaving the function as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_twelve_changes_only_the_set_wise_condition_or_fails() {
+    if !pg::available() {
+        return;
+    }
+    let prefix = pg::prefix();
+    let _s = pg_store(&pg::backend(&prefix)).await;
+    let admin = pg::admin().await;
+    let definition = || async {
+        sqlx::query_scalar::<_, String>(&format!(
+            "SELECT pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.proname = '{prefix}_claim_batch_whole'"
+        ))
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    };
+    let live = definition().await;
+    assert!(live.contains("IF p_lock_first AND v_n >= 5"), "{live}");
+    assert!(!live.contains("v_n > 1"), "{live}");
+    // The rest is migration 11's body, unchanged.
+    let eleven = include_str!("../migrations/postgres/0011_claim_batch_set_insert.sql");
+    let body = |def: &str| -> String {
+        let start = def.find("DECLARE").unwrap();
+        def[start..]
+            .replace("v_n >= 5", "v_n > 1")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let eleven = eleven.replace("{prefix}", &prefix);
+    assert!(
+        body(&eleven).starts_with(body(&live).trim_end_matches(" $function$")),
+        "the function differs from migration 11 beyond its condition"
+    );
+    let twelve = include_str!("../migrations/postgres/0012_claim_batch_set_wise_from_five.sql")
+        .replace("{prefix}", &prefix);
+    let again = sqlx::raw_sql(&twelve).execute(&admin).await;
+    let err = again
+        .expect_err("migration 12 run again must fail")
+        .to_string();
+    assert!(
+        err.contains("does not hold the set-wise condition"),
+        "{err}"
+    );
+    assert_eq!(definition().await, live);
     pg::drop_tables(&prefix).await;
 }
 
