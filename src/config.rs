@@ -101,7 +101,7 @@ config_keys! {
     data_dir: PathBuf = PathBuf::from("./anarchon-data"), flag Option<PathBuf>, "DIR";
     /// sqlite://PATH, postgres://…?table=PREFIX, redis://…?strategy=lease|stream-id|idmp|script,
     /// redis+cluster://H:P,H:P?strategy=…, redis+sentinel://H:P,H:P/MASTER?strategy=…,
-    /// amqp://…, nats://… (empty: sqlite://<data-dir>/anarchon.db).
+    /// redis+unix:///PATH?db=N&strategy=…, amqp://…, nats://… (empty: sqlite://<data-dir>/anarchon.db).
     backend: String = String::new(), flag Option<String>, "URL";
     /// A peer's gRPC address; repeatable.
     #[serde(deserialize_with = "string_or_list")]

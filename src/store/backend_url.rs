@@ -8,17 +8,43 @@
 use crate::error::{Error, Result};
 
 /// Hides the password of a URL, for logs and messages:
-/// `redis://user:secret@host/0` → `redis://user:***@host/0`.
+/// `redis://user:secret@host/0` → `redis://user:***@host/0`, and a password
+/// in the query (`redis+unix:///run/redis.sock?pass=secret`,
+/// `postgres://h/db?password=secret`) → `pass=***`.
 ///
 /// Works on URLs the `url` crate refuses too (`redis+cluster://u:pw@a:1,b:2`):
 /// the userinfo is whatever sits between `://` and the last `@` before the
 /// query. A URL without a password is returned as it is.
 pub fn redact(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (url, None),
+    };
+    let mut out = redact_userinfo(head);
+    if let Some(q) = query {
+        out.push('?');
+        for (i, pair) in q.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            match pair.split_once('=') {
+                Some((k, _)) if matches!(k, "pass" | "password") => {
+                    out.push_str(k);
+                    out.push_str("=***");
+                }
+                _ => out.push_str(pair),
+            }
+        }
+    }
+    out
+}
+
+/// [`redact`] of the part of a URL before its query.
+fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    // A `@` in the query (`?application_name=a@b`) is no userinfo's end.
-    let head_len = rest.find(['?', '#']).unwrap_or(rest.len());
+    let head_len = rest.find('#').unwrap_or(rest.len());
     let Some(at) = rest[..head_len].rfind('@') else {
         return url.to_owned();
     };
@@ -167,6 +193,18 @@ mod tests {
             (
                 "postgres://u:pw@h/db?application_name=a@b",
                 "postgres://u:***@h/db?application_name=a@b",
+            ),
+            (
+                "redis+unix:///run/r.sock?db=2&user=u&pass=s%40cret&strategy=lease",
+                "redis+unix:///run/r.sock?db=2&user=u&pass=***&strategy=lease",
+            ),
+            (
+                "postgres://h/db?password=pw&application_name=x",
+                "postgres://h/db?password=***&application_name=x",
+            ),
+            (
+                "redis://h:1/0?prefix=password",
+                "redis://h:1/0?prefix=password",
             ),
             ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
             ("postgres://u@h/db", "postgres://u@h/db"),

@@ -242,12 +242,14 @@ impl Backend {
             .ok_or_else(|| bad(format!("{url:?} is not a URL (expected scheme://...)")))?;
         match scheme {
             "sqlite" => sqlite::parse_url(url),
-            "redis" | "redis+cluster" | "redis+sentinel" => Ok(Backend::Redis(RedisConfig::parse(url)?)),
+            "redis" | "redis+cluster" | "redis+sentinel" | "redis+unix" => {
+                Ok(Backend::Redis(RedisConfig::parse(url)?))
+            }
             "postgres" | "postgresql" => postgres::parse_url(url),
             "amqp" | "amqps" => rabbitmq::parse_url(url),
             "nats" => nats::parse_url(url),
             other => Err(bad(format!(
-                "unknown scheme {other:?}; expected sqlite://, postgres://, redis://, redis+cluster://, redis+sentinel://, amqp://, amqps:// or nats://"
+                "unknown scheme {other:?}; expected sqlite://, postgres://, redis://, redis+cluster://, redis+sentinel://, redis+unix://, amqp://, amqps:// or nats://"
             ))),
         }
     }

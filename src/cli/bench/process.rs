@@ -172,7 +172,7 @@ pub fn cpu_seconds_of(comm: &str) -> Option<(f64, f64)> {
 pub fn store_process(url: &str) -> Option<&'static str> {
     match url.split_once("://")?.0 {
         "postgres" | "postgresql" => Some("postgres"),
-        "redis" | "redis+cluster" | "redis+sentinel" => Some("redis-server"),
+        "redis" | "redis+cluster" | "redis+sentinel" | "redis+unix" => Some("redis-server"),
         "nats" => Some("nats-server"),
         "amqp" | "amqps" => Some("beam.smp"),
         _ => None,

@@ -4,7 +4,12 @@
 //! redis://[user:pass@]HOST:PORT/DB?strategy=lease|stream-id|idmp|script&prefix=anarchon
 //! redis+cluster://[user:pass@]HOST:PORT[,HOST:PORT…]?strategy=…&min_replicas=N&replica_timeout_ms=T
 //! redis+sentinel://[user:pass@]HOST:PORT[,HOST:PORT…]/MASTER?strategy=…&min_replicas=N
+//! redis+unix:///PATH/TO/redis.sock?db=N&user=U&pass=P&strategy=…
 //! ```
+//!
+//! `redis+unix://` reaches one server over its Unix socket (`unixsocket` in
+//! redis.conf), for a sidecar on the same host as its Redis: the same store
+//! as `redis://`, without the loopback TCP stack on either side.
 //!
 //! [`conn`] holds the connection all strategies share: retries through a
 //! failover, rebuilds of a stuck connection, following the Sentinels' master,
@@ -163,6 +168,9 @@ const OPTIONS: &[&str] = &[
     "quarantine_ms",
     "min_replicas",
     "replica_timeout_ms",
+    "db",
+    "user",
+    "pass",
 ];
 
 pub const DEFAULT_PREFIX: &str = "anarchon";
@@ -198,6 +206,9 @@ impl RedisConfig {
             min_replicas: None,
             replica_timeout_ms: DEFAULT_REPLICA_TIMEOUT_MS,
         };
+        // `redis+unix://` only: its database and credentials (a TCP URL
+        // writes them as `user:pass@HOST:PORT/DB`).
+        let mut unix: Vec<(&str, &str)> = Vec::new();
         for (k, v) in &opts.own {
             let num = |v: &str| {
                 v.parse::<u64>()
@@ -220,6 +231,13 @@ impl RedisConfig {
                     cfg.min_replicas = Some(n);
                 }
                 "replica_timeout_ms" => cfg.replica_timeout_ms = num(v)?,
+                "db" => {
+                    v.parse::<u32>().map_err(|_| {
+                        bad(format!("redis option db={v:?} is not a database number"))
+                    })?;
+                    unix.push(("db", v.as_str()));
+                }
+                "user" | "pass" => unix.push((k.as_str(), v.as_str())),
                 // split_options let no other option through.
                 _ => {}
             }
@@ -282,7 +300,30 @@ impl RedisConfig {
                 ClusterClient::new(cfg.nodes.clone())
                     .map_err(|e| bad(format!("redis+cluster nodes: {e}")))?;
             }
+            "redis+unix" => {
+                if !base.starts_with('/') || base.contains('@') {
+                    return Err(bad(
+                        "redis+unix:///PATH needs the socket's absolute path (three slashes), with credentials as ?user=U&pass=P".into(),
+                    ));
+                }
+                let mut query = url::form_urlencoded::Serializer::new(String::new());
+                if !unix.iter().any(|(k, _)| *k == "db") {
+                    query.append_pair("db", "0");
+                }
+                for (k, v) in &unix {
+                    query.append_pair(k, v);
+                }
+                let node = format!("redis+unix://{base}?{}", query.finish());
+                ::redis::Client::open(node.as_str())
+                    .map_err(|e| bad(format!("{}: {e}", redact(&node))))?;
+                cfg.nodes = vec![node];
+            }
             other => return Err(bad(format!("{other}:// is not a Redis scheme"))),
+        }
+        if let Some((k, _)) = unix.first().filter(|_| scheme != "redis+unix") {
+            return Err(bad(format!(
+                "redis option {k} is for redis+unix:// only; over TCP write redis://USER:PASS@HOST:PORT/DB"
+            )));
         }
         cfg.check()?;
         Ok(cfg)
@@ -367,6 +408,16 @@ impl RedisConfig {
             .nodes
             .iter()
             .map(|n| {
+                if let Some(path) = n.strip_prefix("redis+unix://") {
+                    // The socket and the database; never the credentials.
+                    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+                    let db = url::form_urlencoded::parse(query.as_bytes())
+                        .find(|(k, _)| k == "db")
+                        .map_or_else(|| "0".to_owned(), |(_, v)| v.into_owned());
+                    // One place for `address_identity`: `unix:` and the
+                    // path stand where a URL's host would.
+                    return format!("unix:{path}/{db}");
+                }
                 let base = n.split(['?', '#']).next().unwrap_or_default();
                 let rest = base.split_once("://").map_or(base, |(_, r)| r);
                 match rest.split_once('/') {
@@ -593,6 +644,61 @@ pub(crate) fn parse_id(id: &str) -> Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_unix_socket_url_names_its_path_database_and_credentials() {
+        let c = RedisConfig::parse(
+            "redis+unix:///run/redis/r.sock?strategy=lease&db=3&user=u&pass=p%26w&prefix=t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.nodes,
+            vec!["redis+unix:///run/redis/r.sock?db=3&user=u&pass=p%26w".to_string()]
+        );
+        assert_eq!(c.prefix, "t");
+        assert!(!c.cluster && c.sentinel.is_none());
+        assert_eq!(c.backend_name(), "redis-lease");
+        assert!(!format!("{c:?}").contains("p%26w"), "{c:?}");
+        let plain = RedisConfig::parse("redis+unix:///run/redis/r.sock").unwrap();
+        assert_eq!(
+            plain.nodes,
+            vec!["redis+unix:///run/redis/r.sock?db=0".to_string()]
+        );
+        // The socket and the database are the place; the credentials are not.
+        let id = |u: &str| RedisConfig::parse(u).unwrap().identity();
+        assert_eq!(
+            id("redis+unix:///run/r.sock"),
+            id("redis+unix:///run/r.sock?db=0&pass=x")
+        );
+        assert_ne!(
+            id("redis+unix:///run/r.sock"),
+            id("redis+unix:///run/r.sock?db=1")
+        );
+        assert_ne!(
+            id("redis+unix:///run/r.sock"),
+            id("redis+unix:///run/s.sock")
+        );
+        assert_ne!(
+            id("redis+unix:///run/r.sock"),
+            id("redis://127.0.0.1:6379/0")
+        );
+        for (url, names) in [
+            ("redis+unix://run/r.sock", "absolute path"),
+            ("redis+unix://u:p@/run/r.sock", "absolute path"),
+            ("redis+unix:///run/r.sock?db=x", "db=\"x\""),
+            ("redis://h:1?db=2", "db is for redis+unix://"),
+            ("redis+cluster://h:1?pass=p", "pass is for redis+unix://"),
+        ] {
+            match RedisConfig::parse(url) {
+                Err(e) => {
+                    let m = e.to_string();
+                    assert!(m.contains("backend") && m.contains(names), "{url}: {m}");
+                    assert!(!m.contains("=p&") && !m.ends_with("=p"), "{url}: {m}");
+                }
+                Ok(c) => panic!("{url} parsed: {c:?}"),
+            }
+        }
+    }
 
     #[test]
     fn identity_names_the_place_not_the_credentials() {
