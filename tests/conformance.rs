@@ -101,6 +101,10 @@ conformance!(redis_lease, common::redis::single("lease"));
 conformance!(redis_stream_id, common::redis::single("stream-id"));
 conformance!(redis_script, common::redis::single("script"));
 conformance!(redis_idmp, common::redis::idmp());
+// The same server kinds over a Unix socket (`redis+unix://`, database 1).
+conformance!(redis_unix_lease, common::redis::unix("lease"));
+conformance!(redis_unix_stream_id, common::redis::unix("stream-id"));
+conformance!(redis_unix_script, common::redis::unix("script"));
 conformance!(redis_cluster_lease, common::redis::cluster("lease"));
 conformance!(redis_cluster_stream_id, common::redis::cluster("stream-id"));
 conformance!(redis_cluster_script, common::redis::cluster("script"));

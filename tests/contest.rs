@@ -42,6 +42,10 @@ contest!(redis_lease_three_processes, Backend::redis("lease"));
 // claimed every earlier slot, and no claim is ever answered LATE.
 contest!(redis_stream_id_three_processes, Backend::redis("stream-id"), spread: 1, slots: 500);
 contest!(
+    redis_unix_lease_three_processes,
+    Backend::redis_unix("lease")
+);
+contest!(
     redis_cluster_lease_three_processes,
     Backend::redis_cluster("lease")
 );

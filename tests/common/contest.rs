@@ -80,23 +80,26 @@ impl Backend {
 
     /// The single Redis with `strategy`, on a fresh key prefix.
     pub async fn redis(strategy: &str) -> Option<Backend> {
-        if !super::redis::have_redis() {
-            return None;
-        }
-        Some(Backend {
-            url: super::redis::url(strategy),
-            flags: max_late(3_600_000),
-            cleanup: Cleanup::None,
-        })
+        Self::redis_if(super::redis::have_redis(), super::redis::url(strategy))
+    }
+
+    /// The Redis on a Unix socket (`redis+unix://`) with `strategy`.
+    pub async fn redis_unix(strategy: &str) -> Option<Backend> {
+        Self::redis_if(super::redis::have_unix(), super::redis::unix_url(strategy))
     }
 
     /// The local Redis Cluster with `strategy`, on a fresh key prefix.
     pub async fn redis_cluster(strategy: &str) -> Option<Backend> {
-        if !super::redis::have_cluster() {
-            return None;
-        }
-        Some(Backend {
-            url: super::redis::cluster_url(strategy),
+        Self::redis_if(
+            super::redis::have_cluster(),
+            super::redis::cluster_url(strategy),
+        )
+    }
+
+    /// A Redis backend at `url` when its server is `up`.
+    fn redis_if(up: bool, url: String) -> Option<Backend> {
+        up.then(|| Backend {
+            url,
             flags: max_late(3_600_000),
             cleanup: Cleanup::None,
         })

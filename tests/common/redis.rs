@@ -1,6 +1,7 @@
 //! Redis store factories for the suites: the real server at 127.0.0.1:6379,
 //! the local cluster at 127.0.0.1:7000-7002 (scripts/services/
-//! extra-redis-cluster.sh), and an IDMP-capable server named by
+//! extra-redis-cluster.sh), the server on a Unix socket
+//! (scripts/services/extra-redis-unix.sh), and an IDMP-capable server named by
 //! `ANARCHON_TEST_REDIS_IDMP_URL`. Every store gets its own key prefix, so
 //! tests never see each other's keys.
 
@@ -11,6 +12,8 @@ use super::services;
 pub const REDIS: &str = "127.0.0.1:6379";
 pub const CLUSTER: &str = "127.0.0.1:7000";
 pub const CLUSTER_NODES: &str = "127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002";
+/// The socket of scripts/services/extra-redis-unix.sh.
+pub const UNIX_SOCKET: &str = "/tmp/anarchon-redis-unix/redis.sock";
 pub const IDMP_ENV: &str = "ANARCHON_TEST_REDIS_IDMP_URL";
 
 /// A key prefix no other test uses.
@@ -41,26 +44,37 @@ pub fn have_cluster() -> bool {
 
 /// A store on the single Redis (`None`: Redis is down outside CI).
 pub async fn single(strategy: &str) -> Option<DynStore> {
-    if !have_redis() {
-        return None;
-    }
-    Some(
-        store::open(&url(strategy), &StoreOptions::default())
-            .await
-            .unwrap(),
+    open_if(have_redis(), url(strategy)).await
+}
+
+/// `redis+unix://<UNIX_SOCKET>?db=1&strategy=…&prefix=<unique>`.
+pub fn unix_url(strategy: &str) -> String {
+    format!(
+        "redis+unix://{UNIX_SOCKET}?db=1&strategy={strategy}&prefix={}",
+        prefix()
     )
+}
+
+pub fn have_unix() -> bool {
+    services::require_unix("Redis on a Unix socket", UNIX_SOCKET)
+}
+
+/// A store on the Redis at [`UNIX_SOCKET`], over `redis+unix://`.
+pub async fn unix(strategy: &str) -> Option<DynStore> {
+    open_if(have_unix(), unix_url(strategy)).await
 }
 
 /// A store on the local Redis Cluster.
 pub async fn cluster(strategy: &str) -> Option<DynStore> {
-    if !have_cluster() {
+    open_if(have_cluster(), cluster_url(strategy)).await
+}
+
+/// The store at `url` when its server is `up`.
+async fn open_if(up: bool, url: String) -> Option<DynStore> {
+    if !up {
         return None;
     }
-    Some(
-        store::open(&cluster_url(strategy), &StoreOptions::default())
-            .await
-            .unwrap(),
-    )
+    Some(store::open(&url, &StoreOptions::default()).await.unwrap())
 }
 
 /// The `idmp` strategy on the Redis ≥ 8.6 named by

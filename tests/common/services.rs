@@ -2,6 +2,7 @@
 //! suite with a clear line on stderr; with `CI=true` it is a failure.
 
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 pub fn reachable(addr: &str) -> bool {
@@ -20,12 +21,21 @@ pub fn in_ci() -> bool {
 /// Returns true when the service at `addr` can be used; false (after saying
 /// so) when the suite must be skipped. Panics under CI=true.
 pub fn require(name: &str, addr: &str) -> bool {
-    if reachable(addr) {
+    usable(name, addr, reachable(addr))
+}
+
+/// [`require`] for a service on a Unix socket at `path`.
+pub fn require_unix(name: &str, path: &str) -> bool {
+    usable(name, path, UnixStream::connect(path).is_ok())
+}
+
+fn usable(name: &str, at: &str, up: bool) -> bool {
+    if up {
         return true;
     }
     if in_ci() {
-        panic!("{name} at {addr} is not reachable, and CI=true forbids skipping its suite");
+        panic!("{name} at {at} is not reachable, and CI=true forbids skipping its suite");
     }
-    eprintln!("SKIPPED {name} suite: {addr} is not reachable (start it, or run scripts/test.sh)");
+    eprintln!("SKIPPED {name} suite: {at} is not reachable (start it, or run scripts/test.sh)");
     false
 }
