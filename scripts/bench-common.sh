@@ -4,6 +4,10 @@
 #
 #   bench_scratch TAG          sets $tag and $tmp; removes both at exit
 #   bench_url BACKEND SUFFIX   the --backend URL of BACKEND for one run
+#   bench_redis_cli BACKEND    redis-cli's address options for a redis-* BACKEND
+#
+# redis-lease-unix and redis-lease-6391 are one server
+# (scripts/services/extra-redis-unix.sh) over its Unix socket and over TCP.
 
 bench_scratch() {
   tag=$1
@@ -24,7 +28,20 @@ bench_cleanup() {
   fi
   if command -v redis-cli >/dev/null; then
     redis-cli --scan --pattern "bench_${tag}*" | xargs -r -n 1000 redis-cli DEL >/dev/null || true
+    if [ -S "$bench_redis_sock" ]; then
+      redis-cli -s "$bench_redis_sock" --scan --pattern "bench_${tag}*" |
+        xargs -r -n 1000 redis-cli -s "$bench_redis_sock" DEL >/dev/null || true
+    fi
   fi
+}
+
+bench_redis_sock=/tmp/anarchon-redis-unix/redis.sock
+
+bench_redis_cli() { # backend
+  case $1 in
+    redis-lease-unix | redis-lease-6391) echo "-s $bench_redis_sock" ;;
+    *) echo "-p 6379" ;;
+  esac
 }
 
 bench_url() { # backend suffix
@@ -32,6 +49,8 @@ bench_url() { # backend suffix
     sqlite) echo "sqlite://$tmp/sqlite-$2.db" ;;
     postgres) echo "postgres://postgres@127.0.0.1:5432/test?table=bench_${tag}_$2&max_connections=64" ;;
     redis-lease) echo "redis://127.0.0.1:6379/0?strategy=lease&prefix=bench_${tag}_lease_$2" ;;
+    redis-lease-unix) echo "redis+unix://$bench_redis_sock?strategy=lease&prefix=bench_${tag}_lease_$2" ;;
+    redis-lease-6391) echo "redis://127.0.0.1:6391/0?strategy=lease&prefix=bench_${tag}_lease_$2" ;;
     redis-stream-id) echo "redis://127.0.0.1:6379/0?strategy=stream-id&prefix=bench_${tag}_sid_$2" ;;
     rabbitmq) echo "amqp://guest:guest@127.0.0.1:5672/%2f?prefix=bench_${tag}_$2&slot_ttl_ms=120000" ;;
     nats) echo "nats://127.0.0.1:4222?prefix=bench_${tag}_$2" ;;

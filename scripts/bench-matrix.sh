@@ -10,6 +10,9 @@
 # Environment:
 #   CLIENTS="1 16 64"   client counts
 #   BACKENDS="sqlite postgres redis-lease redis-stream-id rabbitmq nats"
+#                       (also redis-lease-unix and redis-lease-6391: one
+#                       server over its Unix socket and over TCP, from
+#                       scripts/services/extra-redis-unix.sh)
 #   ETCD_WITH=sqlite    the backends whose runs also measure etcd (--against
 #                       etcd; a space-separated list, or "all"): by default
 #                       etcd is measured once per client count; with
@@ -70,12 +73,14 @@ for b in "${backends[@]}"; do
     against=raw
     case " $etcd_with " in *" $b "* | *" all "*) against=etcd ;; esac
     echo "== $variant: $b, $c clients, --against $against over $transport; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-    case $b in redis-*) redis-cli CONFIG RESETSTAT >/dev/null ;; esac
+    # shellcheck disable=SC2046 # bench_redis_cli gives two words
+    case $b in redis-*) redis-cli $(bench_redis_cli "$b") CONFIG RESETSTAT >/dev/null ;; esac
     line=$("$bin" bench --backend "$(bench_url "$b" "$c")" --clients "$c" --seconds "$seconds" \
       --against "$against" "${transport_arg[@]}" --json)
     lua=null
     case $b in redis-*)
-      lua=$(redis-cli INFO commandstats | tr -d '\r' |
+      # shellcheck disable=SC2046
+      lua=$(redis-cli $(bench_redis_cli "$b") INFO commandstats | tr -d '\r' |
         sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
       lua=${lua:-null} ;;
     esac
