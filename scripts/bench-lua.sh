@@ -17,7 +17,17 @@
 #    with Redis's TIME: the µs of interpreter work per claim (conversions,
 #    tables, closures, string building) that no command accounts for.
 #
-# Environment: REDIS_PORT (6379), N (60000), ROUNDS (3), PURE_N (20000).
+# 3. Redis's whole CPU per claim (INFO cpu, user + system, over the
+#    redis-benchmark run): the script, the command parsing and the replies.
+#
+# BATCH=K (default 1) wraps each script so that one EVALSHA runs K claims,
+# each on its own fresh slot, one after another (the script's text becomes
+# the body of a function called K times with that claim's arguments): what
+# a store that sent several claims per call would save. N is then the
+# number of calls (N x K claims), and the Lua-alone figure is left out.
+#
+# Environment: REDIS_PORT (6379), N (60000), ROUNDS (3), PURE_N (20000),
+# BATCH (1).
 # Keys are written under `anarchon-bench-lua:` and deleted before each run;
 # nothing else in the server is touched. INFO commandstats is reset.
 set -euo pipefail
@@ -26,6 +36,8 @@ port=${REDIS_PORT:-6379}
 n=${N:-60000}
 rounds=${ROUNDS:-3}
 pure_n=${PURE_N:-20000}
+batch=${BATCH:-1}
+[[ $batch =~ ^[1-9][0-9]*$ ]] || { echo "bench-lua: BATCH=$batch is not a whole number of claims >= 1" >&2; exit 2; }
 scripts=("$@")
 [ ${#scripts[@]} -gt 0 ] || scripts=(src/store/redis/lease.lua)
 cli() { redis-cli -p "$port" "$@"; }
@@ -70,35 +82,87 @@ return tostring(((t1[1] - t0[1]) * 1e6 + (t1[2] - t0[2])) / n)
 TAIL
 }
 
+batch_script() { # $1: the script; prints it wrapped to run several claims per call
+  echo 'local function one(KEYS, ARGV)'
+  cat "$1"
+  cat <<'TAIL'
+end
+-- ARGV: the number of claims, the number of arguments of each, then each
+-- claim's arguments in turn. Reply: each claim's reply.
+local n, per = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for i = 0, n - 1 do
+  out[i + 1] = one(KEYS, { unpack(ARGV, 3 + i * per, 2 + (i + 1) * per) })
+end
+return out
+TAIL
+}
+
+load_script() { # $1: the script; prints its sha as called in this run
+  if [ "$batch" = 1 ]; then
+    cli -x SCRIPT LOAD <"$1"
+  else
+    batch_script "$1" | cli -x SCRIPT LOAD
+  fi
+}
+
+call_args() { # $1: the slot (or __rand_int__); sets call, one call's arguments
+  claim_args "$1"
+  if [ "$batch" = 1 ]; then
+    call=("${args[@]}")
+  else
+    call=("$batch" "${#args[@]}")
+    for _ in $(seq "$batch"); do call+=("${args[@]}"); done
+  fi
+}
+
+redis_cpu() { # Redis's CPU seconds so far, user + system
+  cli INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { printf "%.6f", s }'
+}
+
 pid=$(cli INFO server | sed -n 's/^process_id:\([0-9]*\).*/\1/p' | tr -d '\r')
 old_affinity=$(taskset -p "$pid" | sed 's/.*: //')
 trap 'taskset -p "$old_affinity" "$pid" >/dev/null 2>&1 || true' EXIT
 
-echo "bench-lua: $n calls x ${#scripts[@]} script(s) x $rounds round(s); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench-lua: $n calls of $batch claim(s) x ${#scripts[@]} script(s) x $rounds round(s); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+claims=$((n * batch))
 for round in $(seq "$rounds"); do
   for s in "${scripts[@]}"; do
-    sha=$(cli -x SCRIPT LOAD <"$s")
+    sha=$(load_script "$s")
     cli --scan --pattern "$P:*" | xargs -r redis-cli -p "$port" DEL >/dev/null
-    claim_args 42
-    won=$(cli EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${args[@]}" | head -1)
-    [ "$won" = 1 ] || { echo "bench-lua: $s did not win a fresh slot (answered $won)" >&2; exit 1; }
+    # Every claim of one call on a fresh slot of its own must win.
+    call_args 42
+    if [ "$batch" -gt 1 ]; then
+      for i in $(seq "$batch"); do call[$((2 + (i - 1) * ${#args[@]} + 1))]=$((41 + i)); done
+    fi
+    answers=$(cli EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${call[@]}")
+    won=$(grep -c '^1 ' <<<"$answers" || true)
+    [ "$won" = "$batch" ] || { echo "bench-lua: $s won $won of $batch fresh slots (answered: $answers)" >&2; exit 1; }
     cli CONFIG RESETSTAT >/dev/null
+    cpu0=$(redis_cpu)
     taskset -p 0x1 "$pid" >/dev/null
-    claim_args __rand_int__
+    call_args __rand_int__
     rps=$(taskset -c 1 redis-benchmark -p "$port" -q -n "$n" -c 16 -r 100000000000 \
-      EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${args[@]}" |
+      EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${call[@]}" |
       tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1)
     taskset -p "$old_affinity" "$pid" >/dev/null
+    cpu=$(awk -v a="$cpu0" -v b="$(redis_cpu)" -v c="$claims" 'BEGIN { printf "%.1f", (b - a) * 1e6 / c }')
     stats=$(cli INFO commandstats | tr -d '\r')
     inner=$(sed -n 's/^cmdstat_\([a-z]*\):calls=\([0-9]*\),usec=[0-9]*,usec_per_call=\([0-9.]*\).*/\1 \2 \3/p' <<<"$stats" |
-      awk -v n="$n" '$1 != "evalsha" && $1 != "config" && $1 != "script" && $2 >= n / 2 {
+      awk -v n="$claims" '$1 != "evalsha" && $1 != "config" && $1 != "script" && $1 != "info" && $2 >= n / 2 {
           printf "%s %.2f, ", $1, $3 * $2 / n; sum += $3 * $2 / n }
         END { printf "sum %.2f", sum }')
     per_call=$(sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p' <<<"$stats")
-    claim_args 1733300000000
-    pure=$(cli EVAL "$(pure_script "$s")" ${#keys[@]} "${keys[@]}" "${args[@]}" "$pure_n")
-    printf 'round %s  %-40s %9s claims/s  EVALSHA %6s µs/call  Lua alone %6.2f µs  commands (µs per claim): %s\n' \
-      "$round" "$s" "$rps" "$per_call" "$pure" "$inner"
+    per_claim=$(awk -v c="$per_call" -v k="$batch" 'BEGIN { printf "%.2f", c / k }')
+    if [ "$batch" = 1 ]; then
+      claim_args 1733300000000
+      pure=$(cli EVAL "$(pure_script "$s")" ${#keys[@]} "${keys[@]}" "${args[@]}" "$pure_n")
+      pure=$(printf '%.2f µs' "$pure")
+    else
+      pure=-
+    fi
+    printf 'round %s  %-40s %9s calls/s  EVALSHA %6s µs/claim  Redis CPU %5s µs/claim  Lua alone %s  commands (µs per claim): %s\n' \
+      "$round" "$s" "$rps" "$per_claim" "$cpu" "$pure" "$inner"
   done
 done
 cli --scan --pattern "$P:*" | xargs -r redis-cli -p "$port" DEL >/dev/null
