@@ -70,4 +70,10 @@ v = json.loads(sys.stdin.read().strip().splitlines()[-1])
 ok = v.get("etcd_claims_per_s", 0) > 0 and v.get("sidecar_claims_per_s", 0) > 0
 sys.exit(0 if ok else "test.sh: bench --against etcd measured no etcd claims")' <<<"$bench_json"
 # --- end: anarchon bench --against etcd ---------------------------------------
+# The Redis claim script's own bench, briefly, one claim per call and four:
+# it checks that every claim on a fresh slot wins and that the script's
+# reply is read, so the tool cannot fall behind lease.lua unnoticed.
+echo "== scripts/bench-lua.sh (a smoke run)"
+N=200 ROUNDS=1 PURE_N=200 scripts/bench-lua.sh
+N=50 ROUNDS=1 BATCH=4 scripts/bench-lua.sh
 echo "test.sh: all suites passed"
