@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The Redis `lease` script's own cost, without the sidecar: every claim a new
 # slot (so every call wins and writes), measured two ways for each script
-# given, alternated ROUNDS times, so that a before and an after share a run:
+# given, alternated ROUNDS times, so that a before and an after share a run
+# (three ways since round 25):
 #
 #   scripts/bench-lua.sh [SCRIPT.lua ...]    # default src/store/redis/lease.lua
 #   git show HEAD~1:src/store/redis/lease.lua >/tmp/before.lua
 #   scripts/bench-lua.sh /tmp/before.lua src/store/redis/lease.lua
 #
-# 1. `redis-benchmark` (16 connections, N calls) of one EVALSHA claim, then
+# 1. `redis-benchmark` (CONNS connections, N calls) of one EVALSHA claim, then
 #    `INFO commandstats`: µs per EVALSHA and per command the script called.
 #    redis-server is pinned to CPU 0 and redis-benchmark to CPU 1 for the
 #    run (the affinity is put back after), which takes most of the noise
@@ -16,7 +17,6 @@
 #    EVAL with `redis.call` replaced by a stub that answers at once, timed
 #    with Redis's TIME: the µs of interpreter work per claim (conversions,
 #    tables, closures, string building) that no command accounts for.
-#
 # 3. Redis's whole CPU per claim (INFO cpu, user + system, over the
 #    redis-benchmark run): the script, the command parsing and the replies.
 #
@@ -26,8 +26,12 @@
 # a store that sent several claims per call would save. N is then the
 # number of calls (N x K claims), and the Lua-alone figure is left out.
 #
+# CONNS=C and PIPELINE=P (default 16 and 1): redis-benchmark's connections
+# and the calls each keeps in flight; CONNS=1 PIPELINE=16 is how the
+# sidecar's one multiplexed connection sends 16 clients' claims.
+#
 # Environment: REDIS_PORT (6379), N (60000), ROUNDS (3), PURE_N (20000),
-# BATCH (1).
+# BATCH (1), CONNS (16), PIPELINE (1).
 # Keys are written under `anarchon-bench-lua:` and deleted before each run;
 # nothing else in the server is touched. INFO commandstats is reset.
 set -euo pipefail
@@ -37,7 +41,11 @@ n=${N:-60000}
 rounds=${ROUNDS:-3}
 pure_n=${PURE_N:-20000}
 batch=${BATCH:-1}
-[[ $batch =~ ^[1-9][0-9]*$ ]] || { echo "bench-lua: BATCH=$batch is not a whole number of claims >= 1" >&2; exit 2; }
+conns=${CONNS:-16}
+pipeline=${PIPELINE:-1}
+for v in BATCH:"$batch" CONNS:"$conns" PIPELINE:"$pipeline"; do
+  [[ ${v#*:} =~ ^[1-9][0-9]*$ ]] || { echo "bench-lua: ${v%%:*}=${v#*:} is not a whole number >= 1" >&2; exit 2; }
+done
 scripts=("$@")
 [ ${#scripts[@]} -gt 0 ] || scripts=(src/store/redis/lease.lua)
 cli() { redis-cli -p "$port" "$@"; }
@@ -124,7 +132,7 @@ pid=$(cli INFO server | sed -n 's/^process_id:\([0-9]*\).*/\1/p' | tr -d '\r')
 old_affinity=$(taskset -p "$pid" | sed 's/.*: //')
 trap 'taskset -p "$old_affinity" "$pid" >/dev/null 2>&1 || true' EXIT
 
-echo "bench-lua: $n calls of $batch claim(s) x ${#scripts[@]} script(s) x $rounds round(s); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench-lua: $n calls of $batch claim(s) over $conns connection(s), $pipeline in flight each, x ${#scripts[@]} script(s) x $rounds round(s); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 claims=$((n * batch))
 for round in $(seq "$rounds"); do
   for s in "${scripts[@]}"; do
@@ -142,7 +150,7 @@ for round in $(seq "$rounds"); do
     cpu0=$(redis_cpu)
     taskset -p 0x1 "$pid" >/dev/null
     call_args __rand_int__
-    rps=$(taskset -c 1 redis-benchmark -p "$port" -q -n "$n" -c 16 -r 100000000000 \
+    rps=$(taskset -c 1 redis-benchmark -p "$port" -q -n "$n" -c "$conns" -P "$pipeline" -r 100000000000 \
       EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${call[@]}" |
       tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1)
     taskset -p "$old_affinity" "$pid" >/dev/null
