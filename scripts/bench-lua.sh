@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The Redis `lease` script's own cost, without the sidecar: every claim a new
-# slot (so every call wins and writes), measured two ways for each script
-# given, alternated ROUNDS times, so that a before and an after share a run
-# (three ways since round 25):
+# slot (so every call wins and writes), measured three ways for each script
+# given, alternated ROUNDS times, so that a before and an after share a run:
 #
 #   scripts/bench-lua.sh [SCRIPT.lua ...]    # default src/store/redis/lease.lua
 #   git show HEAD~1:src/store/redis/lease.lua >/tmp/before.lua
@@ -114,14 +113,19 @@ load_script() { # $1: the script; prints its sha as called in this run
   fi
 }
 
-call_args() { # $1: the slot (or __rand_int__); sets call, one call's arguments
-  claim_args "$1"
+call_args() { # $1: the first claim's slot, or __rand_int__; sets call, one call's arguments
   if [ "$batch" = 1 ]; then
+    claim_args "$1"
     call=("${args[@]}")
-  else
-    call=("$batch" "${#args[@]}")
-    for _ in $(seq "$batch"); do call+=("${args[@]}"); done
+    return
   fi
+  # Each claim of the call on its own slot: the next one, or a random one.
+  call=("$batch" 0)
+  for i in $(seq 0 $((batch - 1))); do
+    if [ "$1" = __rand_int__ ]; then claim_args "$1"; else claim_args $(($1 + i)); fi
+    call+=("${args[@]}")
+  done
+  call[1]=${#args[@]}
 }
 
 redis_cpu() { # Redis's CPU seconds so far, user + system
@@ -140,9 +144,6 @@ for round in $(seq "$rounds"); do
     cli --scan --pattern "$P:*" | xargs -r redis-cli -p "$port" DEL >/dev/null
     # Every claim of one call on a fresh slot of its own must win.
     call_args 42
-    if [ "$batch" -gt 1 ]; then
-      for i in $(seq "$batch"); do call[$((2 + (i - 1) * ${#args[@]} + 1))]=$((41 + i)); done
-    fi
     answers=$(cli EVALSHA "$sha" ${#keys[@]} "${keys[@]}" "${call[@]}")
     won=$(grep -c '^1 ' <<<"$answers" || true)
     [ "$won" = "$batch" ] || { echo "bench-lua: $s won $won of $batch fresh slots (answered: $answers)" >&2; exit 1; }
